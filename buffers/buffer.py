@@ -1,0 +1,245 @@
+"""The information buffer: where a reversible RNN keeps the bits that forgetting destroys.
+
+Layout. Every (batch row, unit) lane owns a stack of int64 words. The live word of every lane sits
+in ``_curr`` [batch, units]; full words sit in ``_stack`` [capacity, batch, units], all lanes
+together, so adding a word is one slab write instead of a per-lane branch. When any *active* lane's
+live word could overflow on the next multiply (B ≥ 2^(63−R_Z)), the whole live slab is pushed and
+reset to zero: all lanes grow together, which keeps the structure one dense tensor. A packed bit
+log remembers which push calls overflowed, so the pops can undo them at the mirrored call.
+
+No host sync per step. Whether a push overflows is known only on the device, so the stack height
+``_top`` is a device tensor and every push writes the live slab into slot ``_top`` unconditionally
+(it becomes part of the stack only if the overflow flag adds 1 to ``_top``). The host needs just an
+upper bound on ``_top`` to keep the stack large enough: after a reset a word grows by at most k
+bits per push (k = max forgotten bits), so two overflows are at least ⌈53/k⌉ pushes apart. The
+host reads the true height only when that bound reaches the capacity; capacity then grows
+geometrically, so growth copies are amortized O(1) per word.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN, min_forget_numerator
+from .multiply import div_exact, mul_exact
+
+#: A live word at or above this value could exceed int64 in B·2^R_Z + r, so it is pushed first.
+WORD_LIMIT = 1 << (63 - FORGET_RADIX)
+_LOG_BITS = 63  # overflow flags packed per int64 log word (the sign bit stays clear)
+_MIN_FREE_WORDS = 4  # stack slots kept free after a sync, so syncs stay rare
+
+
+class BufferError(RuntimeError):
+    """Misuse of an :class:`InformationBuffer`: a pop with nothing to pop, or out of LIFO order."""
+
+
+class InformationBuffer:
+    """Stacks of int64 words, one per (batch row, unit) lane, for exactly reversible multiplication.
+
+    Args:
+        batch: rows of every tensor pushed.
+        units: lanes per row; a state group narrower than this uses the first columns, so groups of
+            different widths (say a half with a stored attention slice) can share one buffer.
+        device: where the words live.
+        max_bits: the most bits a push may forget (z* ≥ 2^(R_Z − max_bits)); ``None`` for R_Z.
+            A tighter limit lets the host sync less often. Numerators below it are rejected.
+    """
+
+    def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
+                 max_bits: int | None = None) -> None:
+        if batch < 1 or units < 1:
+            raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
+        self.batch, self.units = batch, units
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.max_bits = max_bits
+        self.min_numerator = min_forget_numerator(max_bits)
+        bits_per_push = FORGET_RADIX if max_bits is None else max_bits
+        self._overflow_gap = math.ceil((63 - FORGET_RADIX) / bits_per_push)
+
+        long = dict(dtype=torch.int64, device=self.device)
+        self._curr = torch.zeros(batch, units, **long)
+        self._stack = torch.zeros(1 + _MIN_FREE_WORDS, batch, units, **long)
+        self._top = torch.zeros((), **long)
+        self._log = torch.zeros(1, **long)
+        self._optimal = torch.zeros(_LOG_BITS, dtype=torch.float64, device=self.device)
+        self._bad_input = torch.zeros((), dtype=torch.bool, device=self.device)
+        self._widths: list[int] = []  # width of every push, host side: checks LIFO order for free
+        self._known_top = 0  # true stack height at the last host sync ...
+        self._pushes_at_sync = 0  # ... and the number of pushes then
+        self.syncs = 0  # host syncs done to size the stack (reported by the benchmark)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def pushes(self) -> int:
+        """Push calls not yet popped."""
+        return len(self._widths)
+
+    def push_mul(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Return h·z/2^R_Z (int32), storing the bits the product loses.
+
+        ``h`` is int32 [batch, w] with w ≤ units, ``z`` integer numerators of the same shape in
+        [min_numerator, 2^R_Z], ``mask`` bool [batch] or [batch, w]: False leaves a lane (padding)
+        bit-for-bit unchanged, in ``h`` and in the buffer.
+        """
+        width, active = self._check_args("push_mul", h, z, mask)
+        zl = self._checked_numerators(z, active)
+        self._reserve_slot()
+        p = self.pushes
+
+        live = self._curr[:, :width]
+        overflow = live >= WORD_LIMIT
+        if active is not None:
+            overflow &= active
+        overflow = overflow.any()
+        # Save the live slab into the scratch slot above the stack; the flag decides whether it
+        # counts (``_top`` advances) and whether the live words restart from zero.
+        self._stack.index_copy_(0, self._top.view(1), self._curr.unsqueeze(0))
+        self._curr.masked_fill_(overflow, 0)
+        self._top += overflow
+        word, bit = divmod(p, _LOG_BITS)
+        self._log[word] = (self._log[word] & ~(1 << bit)) | (overflow.long() << bit)
+
+        h_new, buf_new = mul_exact(h.long(), live, zl)
+        lost = FORGET_RADIX - torch.log2(zl.double())
+        if active is not None:
+            h_new = torch.where(active, h_new, h.long())
+            buf_new = torch.where(active, buf_new, live)
+            lost = lost * active
+        live.copy_(buf_new)
+        self._optimal[p] = lost.sum()
+        self._widths.append(width)
+        return h_new.to(torch.int32)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
+
+    def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
+        width, active = self._check_args("pop_div", h, z, mask)
+        if not self._widths:
+            raise BufferError("pop_div on an empty InformationBuffer: every pop needs a matching push_mul")
+        if self._widths[-1] != width:
+            raise BufferError(
+                f"pop_div of width {width} does not mirror the last push_mul (width {self._widths[-1]}): "
+                "pops must come in exactly the reverse order of pushes"
+            )
+        zl = self._checked_numerators(z, active)
+        p = self.pushes - 1
+
+        live = self._curr[:, :width]
+        h_new, buf_new = div_exact(h.long(), live, zl)
+        if active is not None:
+            h_new = torch.where(active, h_new, h.long())
+            buf_new = torch.where(active, buf_new, live)
+        live.copy_(buf_new)
+        word, bit = divmod(p, _LOG_BITS)
+        overflow = ((self._log[word] >> bit) & 1).bool()
+        below = self._stack.index_select(0, (self._top - 1).clamp(min=0)).squeeze(0)
+        self._curr.copy_(torch.where(overflow, below, self._curr))
+        self._top -= overflow.long()
+
+        self._widths.pop()
+        # After popping below the last sync point the old height still bounds the stack.
+        self._pushes_at_sync = min(self._pushes_at_sync, self.pushes)
+        out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
+        self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push")
+        return h_new.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+
+    def is_empty(self) -> bool:
+        """True when every push has been popped and every word is back to zero (one host sync)."""
+        self._raise_bad_input()
+        return not self._widths and int(self._top) == 0 and not bool(self._curr.any())
+
+    def word_count(self) -> int:
+        """Words per lane in use: the stacked ones plus the live one (one host sync)."""
+        return int(self._top) + 1
+
+    def allocated_bits(self) -> int:
+        """Bits of information storage in use: every lane's words plus the overflow log.
+
+        This counts words that hold (or are ready to hold) forgotten bits; spare stack slots
+        allocated ahead of need are in :meth:`reserved_bits`.
+        """
+        log_words = math.ceil(self.pushes / _LOG_BITS)
+        return 64 * (self.word_count() * self.batch * self.units + log_words)
+
+    def reserved_bits(self) -> int:
+        """Bits of device memory the buffer's tensors occupy, spare capacity and bookkeeping included."""
+        tensors = (self._curr, self._stack, self._top, self._log, self._optimal, self._bad_input)
+        return 8 * sum(t.numel() * t.element_size() for t in tensors)
+
+    def optimal_bits(self) -> float:
+        """Σ −log2(z* / 2^R_Z) over active lanes of the pushes not yet popped: the information
+        the multiplications destroyed, hence the least any exact scheme must store."""
+        return float(self._optimal[: self.pushes].sum())
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_args(self, op: str, h: torch.Tensor, z: torch.Tensor,
+                    mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None]:
+        if not isinstance(h, torch.Tensor) or h.dtype != torch.int32:
+            raise TypeError(f"{op}: h must be an int32 fixed-point tensor, got {getattr(h, 'dtype', type(h))}")
+        if not isinstance(z, torch.Tensor) or z.dtype.is_floating_point or z.dtype.is_complex or z.dtype == torch.bool:
+            raise TypeError(f"{op}: z must be an integer tensor of numerators, got {getattr(z, 'dtype', type(z))}")
+        if h.dim() != 2 or h.shape[0] != self.batch or h.shape[1] > self.units:
+            raise ValueError(f"{op}: h must have shape [{self.batch}, w <= {self.units}], got {list(h.shape)}")
+        if z.shape != h.shape:
+            raise ValueError(f"{op}: z must have the shape of h {list(h.shape)}, got {list(z.shape)}")
+        for name, t in (("h", h), ("z", z)) + ((("mask", mask),) if mask is not None else ()):
+            if t.device != self.device:
+                raise ValueError(f"{op}: {name} is on {t.device} but the buffer is on {self.device}")
+        if mask is None:
+            return h.shape[1], None
+        if mask.dtype != torch.bool:
+            raise TypeError(f"{op}: mask must be a bool tensor, got {mask.dtype}")
+        if mask.shape == (self.batch,):
+            mask = mask.unsqueeze(1)
+        elif mask.shape != h.shape:
+            raise ValueError(f"{op}: mask must have shape [{self.batch}] or {list(h.shape)}, got {list(mask.shape)}")
+        return h.shape[1], mask.expand_as(h)
+
+    def _checked_numerators(self, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        """z as int64, with inactive lanes set to 2^R_Z (a no-op) so that padding needs no valid z."""
+        zl = z.long()
+        if active is not None:
+            zl = torch.where(active, zl, FORGET_ONE)
+        bad = (zl < self.min_numerator) | (zl > FORGET_ONE)
+        self._flag_bad(bad, f"forget numerators must lie in [{self.min_numerator}, {FORGET_ONE}]")
+        return zl.clamp(self.min_numerator, FORGET_ONE)
+
+    def _flag_bad(self, bad: torch.Tensor, message: str) -> None:
+        # On CPU a check costs nothing, so raise at once; on CUDA keep the flag on the device and
+        # raise at the next host sync (stack sizing, is_empty), as a per-step check would stall.
+        if self.device.type == "cpu":
+            if bool(bad.any()):
+                raise ValueError(message)
+        else:
+            self._bad_input |= bad.any()
+            self._bad_message = message
+
+    def _raise_bad_input(self) -> None:
+        if self.device.type != "cpu" and bool(self._bad_input):
+            raise ValueError(self._bad_message)
+
+    def _reserve_slot(self) -> None:
+        """Make sure slot ``_top`` exists for this push without reading ``_top`` unless needed."""
+        pushes_since_sync = self.pushes + 1 - self._pushes_at_sync
+        bound = self._known_top + math.ceil(pushes_since_sync / self._overflow_gap)
+        if bound + 1 > self._stack.shape[0]:
+            self.syncs += 1
+            self._raise_bad_input()
+            self._known_top, self._pushes_at_sync = int(self._top), self.pushes
+            needed = self._known_top + 2 + _MIN_FREE_WORDS
+            if needed > self._stack.shape[0]:
+                self._stack = _grow(self._stack, max(needed, self._stack.shape[0] * 3 // 2))
+        if self.pushes >= self._optimal.shape[0]:
+            self._optimal = _grow(self._optimal, 2 * self._optimal.shape[0])
+        if self.pushes // _LOG_BITS >= self._log.shape[0]:
+            self._log = _grow(self._log, 2 * self._log.shape[0])
+
+
+def _grow(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A copy of ``t`` with ``rows`` rows along dim 0 (new rows zero)."""
+    out = torch.zeros((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out

@@ -1,0 +1,132 @@
+"""Fixed-point numbers for reversible recurrent states.
+
+Hidden (and cell) states are int32 with ``HIDDEN_RADIX`` fractional bits: h = h* · 2^-23, so the
+representable range is [-256, 256) at a resolution of about 1.2e-7 (float32's resolution near 1).
+Forget gates are quantized to ``FORGET_RADIX`` bits: z = z* · 2^-10 with an integer numerator
+z* in [1, 2^10]. Integer state makes the recurrence exactly invertible; the float copies of the same
+numbers carry gradients (see :func:`straight_through`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+HIDDEN_RADIX = 23
+FORGET_RADIX = 10
+FORGET_ONE = 1 << FORGET_RADIX  # the numerator of z = 1 (nothing forgotten)
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+
+#: Max-forgetting settings the toolkit offers (bits per unit per step); ``None`` means "no limit",
+#: which the quantization still caps at FORGET_RADIX bits because z* is never 0.
+MAX_FORGET_CHOICES = (1, 2, 3, 5, None)
+
+
+class FixedPointOverflowError(ArithmeticError):
+    """A fixed-point value left the int32 range; int32 arithmetic would have wrapped silently."""
+
+
+class OverflowGuard:
+    """Collects range violations on the device and raises them later, in one host sync.
+
+    Checking every step with ``.item()`` would force a device-to-host sync per time step on CUDA.
+    A guard ORs violations into one device flag; :meth:`check` raises if any was recorded. On CPU
+    a sync costs nothing, so callers may simply check eagerly (``guard=None``).
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self._bad = torch.zeros((), dtype=torch.bool, device=device)
+        self._what: set[str] = set()
+
+    def record(self, bad: torch.Tensor, what: str) -> None:
+        """OR ``bad.any()`` into the flag without syncing."""
+        self._bad |= bad.any()
+        self._what.add(what)
+
+    def check(self) -> None:
+        """Raise :class:`FixedPointOverflowError` if any recorded value was out of range."""
+        if bool(self._bad):
+            raise FixedPointOverflowError(
+                f"fixed-point overflow in {', '.join(sorted(self._what))}: a value left the int32 range "
+                f"(|value| >= {2 ** (31 - HIDDEN_RADIX)} for hidden states); lower the learning rate, "
+                "clip gradients, or shorten sequences"
+            )
+        self._what.clear()
+
+
+def _report(bad: torch.Tensor, what: str, guard: OverflowGuard | None) -> None:
+    if guard is None:
+        if bool(bad.any()):
+            raise FixedPointOverflowError(f"fixed-point overflow in {what}: a value left the int32 range")
+    else:
+        guard.record(bad, what)
+
+
+def to_fixed(x: torch.Tensor, radix: int = HIDDEN_RADIX, guard: OverflowGuard | None = None) -> torch.Tensor:
+    """Round a float tensor to int32 fixed point with ``radix`` fractional bits.
+
+    Out-of-range values raise (now, or at ``guard.check()`` when a guard is given); they are
+    clamped meanwhile so that no undefined float-to-int cast happens.
+    """
+    scaled = torch.round(x.detach().double() * (1 << radix))
+    _report((scaled < INT32_MIN) | (scaled > INT32_MAX) | torch.isnan(scaled), "to_fixed", guard)
+    return scaled.nan_to_num(0.0).clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+
+
+def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The real value of an integer fixed-point tensor, as ``dtype``."""
+    return h.to(dtype) * (2.0 ** -radix)
+
+
+def checked_add(a: torch.Tensor, b: torch.Tensor, guard: OverflowGuard | None = None) -> torch.Tensor:
+    """int32 a + b, computed in int64 so that leaving the int32 range is detected, not wrapped."""
+    s = a.long() + b.long()
+    _report((s < INT32_MIN) | (s > INT32_MAX), "state update", guard)
+    return s.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+
+
+def checked_sub(a: torch.Tensor, b: torch.Tensor, guard: OverflowGuard | None = None) -> torch.Tensor:
+    """int32 a - b with the same range check as :func:`checked_add`."""
+    return checked_add(a, -b.long(), guard)
+
+
+def forget_multiplier(max_bits: int | None) -> float:
+    """m in z = m·σ(a) + (1 − m): m = 1 − 2^-k keeps z ≥ 2^-k, so at most k bits are forgotten."""
+    if max_bits is None:
+        return 1.0
+    if not isinstance(max_bits, int) or not 1 <= max_bits <= FORGET_RADIX:
+        raise ValueError(f"max forgotten bits must be an integer in [1, {FORGET_RADIX}] or None, got {max_bits!r}")
+    return 1.0 - 2.0 ** -max_bits
+
+
+def min_forget_numerator(max_bits: int | None) -> int:
+    """The smallest z* a gate limited to ``max_bits`` forgotten bits can take (1 without a limit)."""
+    forget_multiplier(max_bits)  # validates
+    return 1 if max_bits is None else FORGET_ONE >> max_bits
+
+
+def restrict_forget(gate: torch.Tensor, max_bits: int | None) -> torch.Tensor:
+    """Map a sigmoid output into [2^-k, 1] (differentiable, factor m)."""
+    m = forget_multiplier(max_bits)
+    return gate if m == 1.0 else m * gate + (1.0 - m)
+
+
+def quantize_forget(z: torch.Tensor, max_bits: int | None) -> torch.Tensor:
+    """Integer numerators z* = round(z · 2^R_Z) (int64), clamped to the legal range for ``max_bits``.
+
+    The clamp matters only at the edges: without a limit z* = 0 would destroy the state, so it
+    becomes 1 (at most R_Z bits forgotten); with a limit it absorbs float rounding below 2^-k.
+    """
+    zq = torch.round(z.detach() * FORGET_ONE).long()
+    return zq.clamp(min_forget_numerator(max_bits), FORGET_ONE)
+
+
+def straight_through(exact: torch.Tensor, surrogate: torch.Tensor) -> torch.Tensor:
+    """A tensor whose value is ``exact`` and whose gradient is that of ``surrogate``.
+
+    This is how the fixed-point model is differentiated: the forward value is the (rounded,
+    buffered) integer result, the backward is the real-valued derivative of the same expression.
+    """
+    # exact + (s − s) rather than s + (exact − s): the latter rounds, the former is bit-exact.
+    return exact.to(surrogate.dtype).detach() + (surrogate - surrogate.detach())

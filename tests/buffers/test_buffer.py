@@ -1,0 +1,175 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buffers import FORGET_ONE, BufferError, InformationBuffer
+
+
+def _random_state(gen, batch, width, device):
+    return torch.randint(-(2 ** 31), 2 ** 31 - 1, (batch, width), generator=gen, dtype=torch.int32).to(device)
+
+
+def _random_z(gen, shape, zmin, device):
+    """Numerators with the edge values 1 (or zmin) and 2^R_Z over-represented."""
+    z = torch.randint(zmin, FORGET_ONE + 1, shape, generator=gen)
+    edge = torch.rand(shape, generator=gen)
+    z = torch.where(edge < 0.1, zmin, z)
+    z = torch.where(edge > 0.9, FORGET_ONE, z)
+    return z.to(device)
+
+
+def _run_round_trip(device, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows"):
+    """Push `steps` rounds over groups of the given widths, pop them all, compare every state."""
+    gen = torch.Generator().manual_seed(seed)
+    widths = widths or [units]
+    zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
+    buf = InformationBuffer(batch, units, device=device, max_bits=max_bits)
+    states = [_random_state(gen, batch, w, device) for w in widths]
+    initial = [s.clone() for s in states]
+    history = []
+    for _ in range(steps):
+        for g, w in enumerate(widths):
+            z = _random_z(gen, (batch, w), zmin, device)
+            if mask_kind == "rows":
+                mask = (torch.rand(batch, generator=gen) < 0.8).to(device)
+            elif mask_kind == "lanes":
+                mask = (torch.rand(batch, w, generator=gen) < 0.8).to(device)
+            else:
+                mask = None
+            before = states[g]
+            states[g] = buf.push_mul(before, z, mask)
+            if mask is not None:
+                frozen = ~(mask if mask.dim() == 2 else mask[:, None].expand(batch, w))
+                assert torch.equal(states[g][frozen], before[frozen])  # padding untouched
+            history.append((g, z, mask, before))
+    for g, z, mask, before in reversed(history):
+        states[g] = buf.pop_div(states[g], z, mask)
+        assert torch.equal(states[g], before)
+    assert all(torch.equal(s, i) for s, i in zip(states, initial))
+    assert buf.is_empty()
+    return buf
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 60), seed=st.integers(0, 2 ** 31),
+       max_bits=st.sampled_from([1, 2, 3, 5, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]))
+def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind):
+    _run_round_trip("cpu", batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind)
+
+
+def test_ten_thousand_steps_add_many_words(device):
+    buf = InformationBuffer(3, 4, device=device)
+    gen = torch.Generator().manual_seed(1)
+    h0 = _random_state(gen, 3, 4, device)
+    h, zs = h0, []
+    for _ in range(10_000):
+        zs.append(torch.randint(1, FORGET_ONE + 1, (3, 4), generator=gen).to(device))
+        h = buf.push_mul(h, zs[-1], None)
+    words = buf.word_count()
+    assert words > 250  # uniform z* forgets ~1.44 bits a step: ~300 words of 53+ bits were pushed
+    assert buf.syncs < words  # the stack height is read far less often than once a step
+    for z in reversed(zs):
+        h = buf.pop_div(h, z, None)
+    assert torch.equal(h, h0) and buf.is_empty()
+
+
+def test_groups_of_different_widths_share_one_buffer(device):
+    # e.g. h1 with an attention slice (narrower), h2, c1, c2 of a two-layer RevLSTM
+    _run_round_trip(device, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10])
+
+
+def test_edge_values_round_trip(device):
+    extremes = torch.tensor([[-(2 ** 31), 2 ** 31 - 1, -1, 0, 1]], dtype=torch.int32, device=device)
+    for z_value in (1, 2, 1023, FORGET_ONE):
+        buf = InformationBuffer(1, 5, device=device)
+        z = torch.full((1, 5), z_value, device=device)
+        h = extremes
+        for _ in range(30):
+            h = buf.push_mul(h, z)
+        for _ in range(30):
+            h = buf.pop_div(h, z)
+        assert torch.equal(h, extremes) and buf.is_empty()
+
+
+def test_z_one_is_identity_and_stores_nothing():
+    buf = InformationBuffer(2, 3)
+    h = torch.tensor([[5, -7, 1 << 30], [-(2 ** 31), 0, 3]], dtype=torch.int32)
+    out = buf.push_mul(h, torch.full((2, 3), FORGET_ONE))
+    assert torch.equal(out, h) and buf.optimal_bits() == 0.0
+
+
+def test_masked_lanes_are_bit_for_bit_unchanged_in_the_buffer():
+    buf = InformationBuffer(2, 3)
+    h = torch.full((2, 3), 12345, dtype=torch.int32)
+    buf.push_mul(h, torch.full((2, 3), 7), torch.tensor([True, False]))
+    assert buf._curr[1].eq(0).all() and buf._curr[0].ne(0).any()
+
+
+def test_accounting():
+    batch, units, steps = 4, 6, 200
+    buf = InformationBuffer(batch, units, max_bits=3)
+    gen = torch.Generator().manual_seed(0)
+    h, expected = _random_state(gen, batch, units, "cpu"), 0.0
+    for _ in range(steps):
+        z = torch.randint(128, FORGET_ONE + 1, (batch, units), generator=gen)
+        mask = torch.rand(batch, generator=gen) < 0.5
+        h = buf.push_mul(h, z, mask)
+        expected += (-torch.log2(z.double() / FORGET_ONE) * mask[:, None]).sum().item()
+    assert buf.optimal_bits() == pytest.approx(expected, rel=1e-12)
+    words = buf.word_count()
+    assert buf.allocated_bits() == 64 * (words * batch * units + math.ceil(steps / 63))
+    assert buf.optimal_bits() < buf.allocated_bits() <= buf.reserved_bits()
+    # all lanes grow with the fastest one, but a word holds at least 53 bits of its fastest lane
+    assert (words - 1) * 53 <= 3 * steps + 53
+
+
+def test_bad_dtype_shape_device_and_numerators():
+    buf = InformationBuffer(2, 3, max_bits=3)
+    h = torch.zeros(2, 3, dtype=torch.int32)
+    z = torch.full((2, 3), 512)
+    with pytest.raises(TypeError, match="int32"):
+        buf.push_mul(h.long(), z)
+    with pytest.raises(TypeError, match="integer"):
+        buf.push_mul(h, z.float())
+    with pytest.raises(ValueError, match="shape"):
+        buf.push_mul(torch.zeros(3, 3, dtype=torch.int32), torch.full((3, 3), 512))
+    with pytest.raises(ValueError, match="shape"):
+        buf.push_mul(torch.zeros(2, 4, dtype=torch.int32), torch.full((2, 4), 512))
+    with pytest.raises(ValueError, match="shape of h"):
+        buf.push_mul(h, torch.full((2, 2), 512))
+    with pytest.raises(TypeError, match="bool"):
+        buf.push_mul(h, z, torch.ones(2))
+    with pytest.raises(ValueError, match="mask"):
+        buf.push_mul(h, z, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\[128, 1024\]"):
+        buf.push_mul(h, torch.full((2, 3), 127))  # more than the 3 bits this buffer allows
+    with pytest.raises(ValueError, match=r"\[128, 1024\]"):
+        buf.push_mul(h, torch.full((2, 3), 1025))
+    with pytest.raises(ValueError, match=r"\[1, 1024\]"):
+        InformationBuffer(2, 3).push_mul(h, torch.zeros(2, 3, dtype=torch.int64))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device"):
+            buf.push_mul(h.cuda(), z.cuda())
+    assert buf.pushes == 0  # nothing was half-done by the rejected calls
+    # padding lanes may carry any z: they are not multiplied
+    buf.push_mul(h, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([False, False]))
+
+
+def test_pop_errors():
+    buf = InformationBuffer(2, 4)
+    h = torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(BufferError, match="empty"):
+        buf.pop_div(h, torch.full((2, 4), 512))
+    buf.push_mul(h, torch.full((2, 4), 512))
+    with pytest.raises(BufferError, match="mirror"):
+        buf.pop_div(h[:, :3], torch.full((2, 3), 512))
+
+
+def test_bad_construction():
+    with pytest.raises(ValueError):
+        InformationBuffer(0, 3)
+    with pytest.raises(ValueError):
+        InformationBuffer(2, 3, max_bits=4.5)
