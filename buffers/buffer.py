@@ -40,8 +40,8 @@ class InformationBuffer:
 
     Args:
         batch: rows of every tensor pushed.
-        units: lanes per row; a state group narrower than this uses the first columns, so groups of
-            different widths (say a half with a stored attention slice) can share one buffer.
+        units: lanes per row. A state group narrower than this uses the first lanes, a wider one
+            is folded onto them, so groups of any width can share one buffer.
         device: where the words live.
         max_bits: the most bits a push may forget (z* ≥ 2^(R_Z − max_bits)); ``None`` for R_Z.
             A tighter limit lets the host sync less often. Numerators below it are rejected.
@@ -80,12 +80,31 @@ class InformationBuffer:
     def push_mul(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Return h·z/2^R_Z (int32), storing the bits the product loses.
 
-        ``h`` is int32 [batch, w] with w ≤ units, ``z`` integer numerators of the same shape in
+        ``h`` is int32 [batch, w], ``z`` integer numerators of the same shape in
         [min_numerator, 2^R_Z], ``mask`` bool [batch] or [batch, w]: False leaves a lane (padding)
-        bit-for-bit unchanged, in ``h`` and in the buffer.
+        bit-for-bit unchanged, in ``h`` and in the buffer. A group narrower than the buffer uses
+        its first lanes; a wider one is folded onto the lanes in chunks of ``units`` columns, one
+        push per chunk, so that few lanes fill whole words instead of many lanes holding a
+        mostly empty one each.
         """
-        width, active = self._check_args("push_mul", h, z, mask)
+        _, active = self._check_args("push_mul", h, z, mask)
         zl = self._checked_numerators(z, active)
+        chunks = [self._push(h[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h)]
+        return torch.cat(chunks, 1) if len(chunks) > 1 else chunks[0]
+
+    def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
+        _, active = self._check_args("pop_div", h, z, mask)
+        zl = self._checked_numerators(z, active)
+        chunks = self._chunks(h)
+        out = [self._pop(h[:, c], zl[:, c], None if active is None else active[:, c]) for c in reversed(chunks)]
+        return torch.cat(out[::-1], 1) if len(out) > 1 else out[0]
+
+    def _chunks(self, h: torch.Tensor) -> list[slice]:
+        return [slice(i, min(i + self.units, h.shape[1])) for i in range(0, h.shape[1], self.units)]
+
+    def _push(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        width = h.shape[1]
         self._reserve_slot()
         p = self.pushes
 
@@ -113,9 +132,8 @@ class InformationBuffer:
         self._widths.append(width)
         return h_new.to(torch.int32)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
 
-    def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
-        width, active = self._check_args("pop_div", h, z, mask)
+    def _pop(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        width = h.shape[1]
         if not self._widths:
             raise BufferError("pop_div on an empty InformationBuffer: every pop needs a matching push_mul")
         if self._widths[-1] != width:
@@ -123,7 +141,6 @@ class InformationBuffer:
                 f"pop_div of width {width} does not mirror the last push_mul (width {self._widths[-1]}): "
                 "pops must come in exactly the reverse order of pushes"
             )
-        zl = self._checked_numerators(z, active)
         p = self.pushes - 1
 
         live = self._curr[:, :width]
@@ -181,8 +198,8 @@ class InformationBuffer:
             raise TypeError(f"{op}: h must be an int32 fixed-point tensor, got {getattr(h, 'dtype', type(h))}")
         if not isinstance(z, torch.Tensor) or z.dtype.is_floating_point or z.dtype.is_complex or z.dtype == torch.bool:
             raise TypeError(f"{op}: z must be an integer tensor of numerators, got {getattr(z, 'dtype', type(z))}")
-        if h.dim() != 2 or h.shape[0] != self.batch or h.shape[1] > self.units:
-            raise ValueError(f"{op}: h must have shape [{self.batch}, w <= {self.units}], got {list(h.shape)}")
+        if h.dim() != 2 or h.shape[0] != self.batch or h.shape[1] == 0:
+            raise ValueError(f"{op}: h must have shape [{self.batch}, width], got {list(h.shape)}")
         if z.shape != h.shape:
             raise ValueError(f"{op}: z must have the shape of h {list(h.shape)}, got {list(z.shape)}")
         for name, t in (("h", h), ("z", z)) + ((("mask", mask),) if mask is not None else ()):

@@ -81,6 +81,24 @@ def test_groups_of_different_widths_share_one_buffer(device):
     _run_round_trip(device, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10])
 
 
+def test_wide_groups_fold_onto_few_lanes(device):
+    # 150-column halves on a 32-lane buffer: chunks of 32, 32, 32, 32, 22 columns per push
+    buf = _run_round_trip(device, batch=4, units=32, steps=30, seed=5, max_bits=3, widths=[150, 150, 20])
+    assert buf.pushes == 0
+
+
+def test_folding_fills_words_better():
+    gen = torch.Generator().manual_seed(0)
+    narrow, wide = InformationBuffer(8, 16, max_bits=3), InformationBuffer(8, 160, max_bits=3)
+    h = _random_state(gen, 8, 160, "cpu")
+    for _ in range(40):
+        z = _random_z(gen, (8, 160), 128, "cpu")
+        narrow.push_mul(h, z)
+        wide.push_mul(h, z)
+    assert narrow.optimal_bits() == pytest.approx(wide.optimal_bits())
+    assert narrow.allocated_bits() < wide.allocated_bits()
+
+
 def test_edge_values_round_trip(device):
     extremes = torch.tensor([[-(2 ** 31), 2 ** 31 - 1, -1, 0, 1]], dtype=torch.int32, device=device)
     for z_value in (1, 2, 1023, FORGET_ONE):
@@ -137,7 +155,7 @@ def test_bad_dtype_shape_device_and_numerators():
     with pytest.raises(ValueError, match="shape"):
         buf.push_mul(torch.zeros(3, 3, dtype=torch.int32), torch.full((3, 3), 512))
     with pytest.raises(ValueError, match="shape"):
-        buf.push_mul(torch.zeros(2, 4, dtype=torch.int32), torch.full((2, 4), 512))
+        buf.push_mul(torch.zeros(2, 0, dtype=torch.int32), torch.full((2, 0), 512))
     with pytest.raises(ValueError, match="shape of h"):
         buf.push_mul(h, torch.full((2, 2), 512))
     with pytest.raises(TypeError, match="bool"):

@@ -1,0 +1,31 @@
+"""Data pipeline: raw parallel text -> Moses tokens -> vocabulary ids -> padded batches."""
+
+from revnmt.data.batching import Batch, BatchSampler, EncodedDataset, Example, make_batch, sorted_batches
+from revnmt.data.corpus import ParallelCorpus, atomic_write_bytes, load_parallel, read_lines
+from revnmt.data.multi30k import MULTI30K_SPLITS, find_multi30k, multi30k_prefix
+from revnmt.data.tokenization import Detokenizer, Tokenizer
+from revnmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocabulary
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "MULTI30K_SPLITS",
+    "PAD",
+    "SPECIALS",
+    "UNK",
+    "Batch",
+    "BatchSampler",
+    "Detokenizer",
+    "EncodedDataset",
+    "Example",
+    "ParallelCorpus",
+    "Tokenizer",
+    "Vocabulary",
+    "atomic_write_bytes",
+    "find_multi30k",
+    "load_parallel",
+    "make_batch",
+    "multi30k_prefix",
+    "read_lines",
+    "sorted_batches",
+]

@@ -1,0 +1,131 @@
+import gzip
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from revnmt.data import ParallelCorpus, atomic_write_bytes, load_parallel, read_lines
+
+
+def write(path: Path, data: bytes) -> Path:
+    if path.suffix == ".gz":
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+# Windows line ends, a line separator inside a line, an empty line, and no final newline.
+TRICKY = "first line\r\nsecond\u2028still second\n\nlast".encode()
+TRICKY_LINES = ["first line", "second\u2028still second", "", "last"]
+
+
+@pytest.mark.parametrize("name", ["text.txt", "text.txt.gz"])
+def test_read_lines_plain_and_gzip(tmp_path, name):
+    assert read_lines(write(tmp_path / name, TRICKY)) == TRICKY_LINES
+
+
+def test_read_lines_keeps_trailing_spaces_and_final_empty_line(tmp_path):
+    assert read_lines(write(tmp_path / "t", b"a  \n\n")) == ["a  ", ""]
+    assert read_lines(write(tmp_path / "e", b"")) == []
+
+
+def test_read_lines_invalid_utf8_is_replaced_and_reported(tmp_path, caplog):
+    path = write(tmp_path / "bad.en.gz", b"fine\ncaf\xe9\nok\n\xff\xfe\n")
+    with caplog.at_level(logging.WARNING):
+        lines = read_lines(path)
+    assert lines == ["fine", "caf\ufffd", "ok", "\ufffd\ufffd"]
+    message = caplog.text
+    assert "bad.en.gz" in message
+    assert "2, 4" in message  # 1-based numbers of the damaged lines
+
+
+def test_read_lines_reports_only_the_first_few_bad_lines(tmp_path, caplog):
+    path = write(tmp_path / "bad.txt", b"\xff\n" * 8)
+    with caplog.at_level(logging.WARNING):
+        read_lines(path)
+    assert "1, 2, 3, 4, 5 and 3 more" in caplog.text
+
+
+def test_read_lines_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothere.txt"):
+        read_lines(tmp_path / "nothere.txt")
+
+
+def test_load_parallel_mixes_plain_and_gzip_and_prefers_plain(tmp_path):
+    write(tmp_path / "train.en", b"a b\nc\n")
+    write(tmp_path / "train.en.gz", b"ignored\nignored\n")
+    write(tmp_path / "train.de.gz", b"x y\nz\n")
+    corpus = load_parallel(tmp_path / "train", "en", "de")
+    assert corpus == ParallelCorpus(src=["a b", "c"], tgt=["x y", "z"], name="train")
+    assert len(corpus) == 2
+
+
+def test_load_parallel_mismatched_counts_names_both_files(tmp_path):
+    write(tmp_path / "c.en", b"1\n2\n3\n")
+    write(tmp_path / "c.de", b"1\n2\n")
+    with pytest.raises(ValueError) as err:
+        load_parallel(tmp_path / "c", "en", "de")
+    message = str(err.value)
+    assert "c.en" in message and "c.de" in message
+    assert "3 lines" in message and "2 lines" in message
+
+
+def test_load_parallel_empty_file_is_an_error(tmp_path):
+    write(tmp_path / "c.en", b"1\n")
+    write(tmp_path / "c.de.gz", b"")
+    with pytest.raises(ValueError, match=r"empty.*c\.de\.gz"):
+        load_parallel(tmp_path / "c", "en", "de")
+
+
+def test_load_parallel_missing_side_names_both_candidates(tmp_path):
+    write(tmp_path / "c.en", b"1\n")
+    with pytest.raises(FileNotFoundError) as err:
+        load_parallel(tmp_path / "c", "en", "de")
+    assert "c.de" in str(err.value) and "c.de.gz" in str(err.value)
+
+
+def test_load_parallel_drops_pairs_with_an_empty_side(tmp_path, caplog):
+    write(tmp_path / "c.en", b"one\n\nthree\nfour\n")
+    write(tmp_path / "c.de", b"eins\nzwei\n  \nvier\n")
+    with caplog.at_level(logging.WARNING):
+        corpus = load_parallel(tmp_path / "c", "en", "de")
+    assert corpus.src == ["one", "four"]
+    assert corpus.tgt == ["eins", "vier"]
+    assert "dropped 2 of 4" in caplog.text
+
+
+def test_load_parallel_with_only_empty_pairs_is_an_error(tmp_path):
+    write(tmp_path / "c.en", b"\n\n")
+    write(tmp_path / "c.de", b"a\n\n")
+    with pytest.raises(ValueError, match="no pair"):
+        load_parallel(tmp_path / "c", "en", "de")
+
+
+def test_parallel_corpus_checks_alignment():
+    with pytest.raises(ValueError):
+        ParallelCorpus(src=["a"], tgt=[], name="x")
+
+
+def test_atomic_write_replaces_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old")
+    atomic_write_bytes(path, b"new")
+    assert path.read_bytes() == b"new"
+    assert os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_atomic_write_failure_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_bytes(path, b"new")
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["f.bin"]
