@@ -159,7 +159,8 @@ class InformationBuffer:
         # After popping below the last sync point the old height still bounds the stack.
         self._pushes_at_sync = min(self._pushes_at_sync, self.pushes)
         out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
-        self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push")
+        self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push",
+                       BufferError)
         return h_new.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
 
     def is_empty(self) -> bool:
@@ -224,19 +225,20 @@ class InformationBuffer:
         self._flag_bad(bad, f"forget numerators must lie in [{self.min_numerator}, {FORGET_ONE}]")
         return zl.clamp(self.min_numerator, FORGET_ONE)
 
-    def _flag_bad(self, bad: torch.Tensor, message: str) -> None:
+    def _flag_bad(self, bad: torch.Tensor, message: str, error: type[Exception] = ValueError) -> None:
         # On CPU a check costs nothing, so raise at once; on CUDA keep the flag on the device and
         # raise at the next host sync (stack sizing, is_empty), as a per-step check would stall.
         if self.device.type == "cpu":
             if bool(bad.any()):
-                raise ValueError(message)
+                raise error(message)
         else:
             self._bad_input |= bad.any()
-            self._bad_message = message
+            self._bad_error = (error, message)
 
     def _raise_bad_input(self) -> None:
         if self.device.type != "cpu" and bool(self._bad_input):
-            raise ValueError(self._bad_message)
+            error, message = self._bad_error
+            raise error(message)
 
     def _reserve_slot(self) -> None:
         """Make sure slot ``_top`` exists for this push without reading ``_top`` unless needed."""

@@ -1,0 +1,182 @@
+"""RevGRU and RevLSTM cells (MacKay et al. 2018) in three modes that share one gate computation.
+
+The hidden state is split into halves h = [h1 | h2] with separate weights: h1 is updated from the
+*old* h2, then h2 from the *new* h1. Each half update is "forget, then add", done on int32 fixed
+point: h ← z·h + u, where z·h goes through the information buffer (exact, invertible) and u is
+rounded to fixed point first (integer addition is exact). Given h at time t, the gates of half 2
+depend only on h1(t), so h2(t−1) can be recovered; then half 1 likewise.
+
+Modes (every one calls the same ``_gates_*`` code on the same float values, which is what makes
+the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
+- ``forward_int``: no grad, pushes onto the buffer (training forward, inference).
+- ``reverse_int``: no grad, pops; returns the exact previous state.
+- ``forward_diff``: with grad, from float leaves of the previous state; its value is the exact
+  next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz).
+  Reversal re-runs one step of it; ordinary backprop runs all steps of it.
+
+States are int32 tensors [B, state_size]: GRU [h1 | h2], LSTM [h1 | h2 | c1 | c2].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from buffers import (
+    FORGET_ONE,
+    InformationBuffer,
+    OverflowGuard,
+    checked_add,
+    checked_sub,
+    forget_multiplier,
+    quantize_forget,
+    restrict_forget,
+    straight_through,
+    to_fixed,
+    to_float,
+)
+
+
+class _Group:
+    """One integer update h ← z·h + u of a slice of the state, in the three modes."""
+
+    def __init__(self, max_bits: int | None, buf: InformationBuffer | None, mask: torch.Tensor,
+                 guard: OverflowGuard | None) -> None:
+        self.max_bits, self.buf, self.mask, self.guard = max_bits, buf, mask, guard
+
+    def _terms(self, z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # A padded lane adds 0 and (inside the buffer) is not multiplied: arithmetic, no branch.
+        zq = quantize_forget(z, self.max_bits)
+        ui = to_fixed(u, guard=self.guard) * self.mask[:, None]
+        return zq, ui
+
+    def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        zq, ui = self._terms(z, u)
+        return checked_add(self.buf.push_mul(h, zq, self.mask), ui, self.guard)
+
+    def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        zq, ui = self._terms(z, u)
+        return self.buf.pop_div(checked_sub(h, ui, self.guard), zq, self.mask)
+
+    def diff(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+        """Float h(t) with value ``exact`` (int) and gradient of where(mask, z*·h + u, h)."""
+        zq = straight_through(quantize_forget(z, self.max_bits) / FORGET_ONE, z)
+        surrogate = torch.where(self.mask[:, None], zq * h + u, h)
+        return straight_through(to_float(exact), surrogate)
+
+
+class RevCell(nn.Module):
+    """Common plumbing: sizes, the forgetting limit, and the half/groups layout of the state."""
+
+    groups_per_half = 1
+
+    def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None) -> None:
+        super().__init__()
+        if hidden_size % 2:
+            raise ValueError(f"reversible cells split the state in halves: hidden size must be even, got {hidden_size}")
+        self.input_size, self.hidden_size, self.half = input_size, hidden_size, hidden_size // 2
+        forget_multiplier(max_forget_bits)  # validates the limit now rather than at the first step
+        self.max_forget_bits = max_forget_bits
+        self.state_size = hidden_size * self.groups_per_half
+
+    def output(self, state: torch.Tensor) -> torch.Tensor:
+        """The float output [h1 | h2] of an int state (what the next layer and attention see)."""
+        return to_float(state[:, : self.hidden_size])
+
+    def _group(self, buf, mask, guard) -> _Group:
+        return _Group(self.max_forget_bits, buf, mask, guard)
+
+    def _split(self, state: torch.Tensor) -> list[torch.Tensor]:
+        return list(state.split(self.half, dim=1))
+
+
+class RevGRUCell(RevCell):
+    """h_i ← z_i·h_i + (1 − z_i)·g_i, with [z_i | r_i] = σ(W[x; h_j]), g_i = tanh(V[x; r_i·h_j])."""
+
+    def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None = 3) -> None:
+        super().__init__(input_size, hidden_size, max_forget_bits)
+        self.zr = nn.ModuleList(nn.Linear(input_size + self.half, 2 * self.half) for _ in range(2))
+        self.g = nn.ModuleList(nn.Linear(input_size + self.half, self.half) for _ in range(2))
+
+    def _gates(self, i: int, x: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z, r = torch.sigmoid(self.zr[i](torch.cat([x, other], 1))).chunk(2, 1)
+        z = restrict_forget(z, self.max_forget_bits)
+        g = torch.tanh(self.g[i](torch.cat([x, r * other], 1)))
+        return z, (1 - z) * g
+
+    def forward_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+        h = self._split(state)
+        grp = self._group(buf, mask, guard)
+        for i in (0, 1):
+            h[i] = grp.push(h[i], *self._gates(i, x, to_float(h[1 - i])))
+        return torch.cat(h, 1)
+
+    def reverse_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+        h = self._split(state)
+        grp = self._group(buf, mask, guard)
+        for i in (1, 0):
+            h[i] = grp.pop(h[i], *self._gates(i, x, to_float(h[1 - i])))
+        return torch.cat(h, 1)
+
+    def forward_diff(self, x, prev_f, new_state, mask) -> torch.Tensor:
+        h = list(prev_f.split(self.half, 1))
+        exact = self._split(new_state)
+        grp = self._group(None, mask, None)
+        for i in (0, 1):
+            h[i] = grp.diff(h[i], *self._gates(i, x, h[1 - i]), exact[i])
+        return torch.cat(h, 1)
+
+
+class RevLSTMCell(RevCell):
+    """Per half: c_i ← f_i·c_i + i_i·g_i, then h_i ← p_i·h_i + o_i·tanh(c_i) (new c_i).
+
+    Both forget gates (f of the cell, p of the hidden state) are limited and buffered; the input and
+    output gates only enter the additive terms. Gates come from one Linear on [x; h_j].
+    """
+
+    groups_per_half = 2
+
+    def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None = 3) -> None:
+        super().__init__(input_size, hidden_size, max_forget_bits)
+        self.gates = nn.ModuleList(nn.Linear(input_size + self.half, 5 * self.half) for _ in range(2))
+
+    def _gates(self, i: int, x: torch.Tensor, other: torch.Tensor):
+        f, g, ig, o, p = self.gates[i](torch.cat([x, other], 1)).chunk(5, 1)
+        f = restrict_forget(torch.sigmoid(f), self.max_forget_bits)
+        p = restrict_forget(torch.sigmoid(p), self.max_forget_bits)
+        return f, torch.sigmoid(ig) * torch.tanh(g), torch.sigmoid(o), p
+
+    def forward_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+        h1, h2, c1, c2 = self._split(state)
+        h, c = [h1, h2], [c1, c2]
+        grp = self._group(buf, mask, guard)
+        for i in (0, 1):
+            f, ig, o, p = self._gates(i, x, to_float(h[1 - i]))
+            c[i] = grp.push(c[i], f, ig)
+            h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])))
+        return torch.cat(h + c, 1)
+
+    def reverse_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+        h1, h2, c1, c2 = self._split(state)
+        h, c = [h1, h2], [c1, c2]
+        grp = self._group(buf, mask, guard)
+        for i in (1, 0):
+            f, ig, o, p = self._gates(i, x, to_float(h[1 - i]))
+            h[i] = grp.pop(h[i], p, o * torch.tanh(to_float(c[i])))  # c[i] is still the new cell
+            c[i] = grp.pop(c[i], f, ig)
+        return torch.cat(h + c, 1)
+
+    def forward_diff(self, x, prev_f, new_state, mask) -> torch.Tensor:
+        h1, h2, c1, c2 = prev_f.split(self.half, 1)
+        h, c = [h1, h2], [c1, c2]
+        eh1, eh2, ec1, ec2 = self._split(new_state)
+        eh, ec = [eh1, eh2], [ec1, ec2]
+        grp = self._group(None, mask, None)
+        for i in (0, 1):
+            f, ig, o, p = self._gates(i, x, h[1 - i])
+            c[i] = grp.diff(c[i], f, ig, ec[i])
+            h[i] = grp.diff(h[i], p, o * torch.tanh(c[i]), eh[i])
+        return torch.cat(h + c, 1)
+
+
+REV_CELLS = {"revgru": RevGRUCell, "revlstm": RevLSTMCell}

@@ -1,0 +1,276 @@
+"""A stack of reversible RNN layers, trained by reversal.
+
+Training by reversal (MacKay et al. 2018, §6 of our paper notes):
+
+1. ``forward_sweep`` runs every step under ``no_grad``, pushing forgotten bits onto one information
+   buffer shared by all layers and halves (time-major, so the reverse pops in mirror order). It
+   keeps only the final integer states, the buffer, the dropout masks and, if asked, an exact
+   int32 slice of the top layer per step (attention memory). No per-step activations.
+2. ``backward_sweep`` walks t = T−1 … 0, top layer first. At each step it takes the gradient that
+   arrives from outside (a per-step output callback, e.g. the decoder's attention and loss, and
+   the gradient of the stored slice), reverses the layer one step to recover the exact previous
+   state, re-runs that one step with autograd from the recovered state and backpropagates it.
+   Only one step's graph is alive at any time, so saved activations do not grow with T.
+3. At the end the reconstructed initial state must equal the true one and the buffer must be
+   empty; otherwise :class:`ReversalError` — gradients are never silently wrong.
+
+``forward_autograd`` runs the same fixed-point model with ordinary backpropagation (all steps'
+graphs kept): the reference that reversal's gradients are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+
+from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, to_float
+
+from .cells import REV_CELLS, RevCell
+
+
+class ReversalError(RuntimeError):
+    """Reversal did not reconstruct the initial state exactly: the gradients would be wrong."""
+
+
+class SequenceInput(Protocol):
+    """Per-step layer inputs that can be recomputed during the backward sweep (e.g. embeddings
+    from token ids), so that the inputs need not be stored either."""
+
+    def __len__(self) -> int: ...
+
+    def at(self, t: int) -> torch.Tensor:
+        """The input [B, input_size] at step t (no graph)."""
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        """Receive the gradient of the loss with respect to the input at step t."""
+
+
+class TensorInput:
+    """A :class:`SequenceInput` over a stored [T, B, I] tensor; gradients collect in ``.grad``."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.grad = x, None
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def at(self, t: int) -> torch.Tensor:
+        return self.x[t].detach()
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        if self.grad is None:
+            self.grad = torch.zeros_like(self.x)
+        self.grad[t] += grad
+
+
+@dataclass
+class Tape:
+    """What a forward sweep keeps for the backward sweep (and nothing per step but ``slices``)."""
+
+    states: list[torch.Tensor]  # final int32 state of every layer
+    initial: list[torch.Tensor]  # the true initial states, for the exactness check
+    buffer: InformationBuffer
+    mask: torch.Tensor  # [T, B] bool, True on real tokens
+    dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
+    slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
+    guard: OverflowGuard
+
+    def stored_bits(self) -> dict[str, float]:
+        """Analytic bits this tape holds for backward: buffer words and stored slices."""
+        slice_bits = 0 if self.slices is None else 32 * self.slices.numel()
+        return {"buffer_bits": self.buffer.allocated_bits(), "optimal_buffer_bits": self.buffer.optimal_bits(),
+                "slice_bits": slice_bits}
+
+
+class ReversibleRNN(nn.Module):
+    """Stacked RevGRU / RevLSTM layers.
+
+    Args:
+        cell: ``"revgru"`` or ``"revlstm"``.
+        input_size, hidden_size, num_layers: sizes (hidden size even: the state is split in halves).
+        dropout: locked dropout between layers (one mask per batch, reused when reversing).
+        max_forget_bits: at most this many bits forgotten per unit per step (1, 2, 3, 5 or None).
+        slice_dim: store the first ``slice_dim`` units of the top layer's output at every step,
+            exactly, as attention memory (0: none).
+        buffer_lanes: lanes per batch row of the information buffer. The state groups are folded
+            onto them; fewer lanes fill their 64-bit words better on short sentences.
+    """
+
+    def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
+                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int = 32) -> None:
+        super().__init__()
+        if cell not in REV_CELLS:
+            raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
+        if not 0 <= slice_dim <= hidden_size:
+            raise ValueError(f"slice_dim must be in [0, hidden_size={hidden_size}], got {slice_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.cells: nn.ModuleList = nn.ModuleList(
+            REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, max_forget_bits)
+            for layer in range(num_layers)
+        )
+        self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
+        self.max_forget_bits, self.slice_dim, self.buffer_lanes = max_forget_bits, slice_dim, buffer_lanes
+
+    @property
+    def state_size(self) -> int:
+        """Width of one layer's integer state (H for GRU, 2H for LSTM: h and c)."""
+        return self.cells[0].state_size
+
+    def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
+        """Integer zeros for every layer."""
+        return [torch.zeros(batch, self.state_size, dtype=torch.int32, device=device) for _ in self.cells]
+
+    def new_buffer(self, batch: int, device: torch.device) -> InformationBuffer:
+        """The information buffer a forward sweep over ``batch`` rows pushes onto."""
+        return InformationBuffer(batch, min(self.buffer_lanes, self.cells[0].half), device, self.max_forget_bits)
+
+    def draw_dropout(self, batch: int, device: torch.device) -> list[torch.Tensor | None]:
+        """Inverted-dropout masks for the inputs of layers 1…L−1, one per batch (locked over time)."""
+        masks: list[torch.Tensor | None] = [None]
+        for _ in range(1, self.num_layers):
+            if self.training and self.dropout > 0:
+                keep = torch.full((batch, self.hidden_size), 1 - self.dropout, device=device)
+                masks.append(torch.bernoulli(keep) / (1 - self.dropout))
+            else:
+                masks.append(None)
+        return masks
+
+    def _layer_input(self, layer: int, inputs_t: torch.Tensor, below: torch.Tensor,
+                     dropout: list[torch.Tensor | None]) -> torch.Tensor:
+        if layer == 0:
+            return inputs_t
+        x = self.cells[layer - 1].output(below)
+        return x if dropout[layer] is None else x * dropout[layer]
+
+    # ------------------------------------------------------------------ training by reversal
+
+    @torch.no_grad()
+    def forward_sweep(self, inputs: SequenceInput, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
+                      dropout: list[torch.Tensor | None] | None = None) -> Tape:
+        """Run all steps without autograd; keep only what reversal needs (see module docstring)."""
+        steps, batch = mask.shape
+        if len(inputs) != steps:
+            raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
+        device = mask.device
+        states = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
+        tape = Tape(states=states, initial=[s.clone() for s in states], buffer=self.new_buffer(batch, device),
+                    mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
+                    slices=None, guard=OverflowGuard(device))
+        if self.slice_dim:
+            tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
+        for t in range(steps):
+            x_t = inputs.at(t)
+            for layer, cell in enumerate(self.cells):
+                x = self._layer_input(layer, x_t, states[layer - 1], tape.dropout)
+                states[layer] = cell.forward_int(x, states[layer], tape.buffer, mask[t], tape.guard)
+            if tape.slices is not None:
+                tape.slices[t] = states[-1][:, : self.slice_dim]
+        tape.guard.check()  # one host sync per sweep, not per step
+        return tape
+
+    def backward_sweep(self, tape: Tape, inputs: SequenceInput, grad_final: list[torch.Tensor | None] | None = None,
+                       output_grad: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
+                       slice_grad: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Reverse the sweep step by step, accumulating parameter gradients into ``.grad``.
+
+        Args:
+            grad_final: gradient of the loss w.r.t. each layer's final state (real values), or None.
+            output_grad: called as ``output_grad(t, out_t)`` with the top layer's float output at
+                step t; returns d loss / d out_t (or None). The decoder computes attention and the
+                loss for step t here, so logits never exist for all steps at once.
+            slice_grad: [T, B, k] gradient w.r.t. the stored slices.
+        Returns:
+            The gradient w.r.t. each layer's initial state (real values).
+        Raises:
+            ReversalError: the reconstructed initial state or the emptied buffer is not exact.
+        """
+        try:
+            grads = self._reverse_steps(tape, inputs, grad_final, output_grad, slice_grad)
+        except (BufferError, FixedPointOverflowError) as err:
+            # A wrong reconstruction drives the state or the buffer out of range before the end.
+            raise ReversalError(f"reversal went off the exact path ({err}); gradients would be wrong") from err
+        self._check_exact(tape)
+        return grads
+
+    def _reverse_steps(self, tape, inputs, grad_final, output_grad, slice_grad) -> list[torch.Tensor]:
+        steps, batch = tape.mask.shape
+        top = self.num_layers - 1
+        states = tape.states
+        grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
+                 for g in (grad_final or [None] * self.num_layers)]
+        for t in reversed(range(steps)):
+            if output_grad is not None:
+                g_out = output_grad(t, self.cells[top].output(states[top]))
+                if g_out is not None:
+                    grads[top][:, : self.hidden_size] += g_out
+            if slice_grad is not None:
+                grads[top][:, : self.slice_dim] += slice_grad[t]
+            x_t = inputs.at(t)
+            for layer in reversed(range(self.num_layers)):
+                cell = self.cells[layer]
+                x = self._layer_input(layer, x_t, states[layer - 1], tape.dropout)
+                with torch.no_grad():
+                    prev = cell.reverse_int(x, states[layer], tape.buffer, tape.mask[t], tape.guard)
+                # Re-run this one step with autograd from the exact previous state.
+                with torch.enable_grad():
+                    prev_f = to_float(prev).requires_grad_()
+                    x_leaf = x.detach().requires_grad_()
+                    new_f = cell.forward_diff(x_leaf, prev_f, states[layer], tape.mask[t])
+                    torch.autograd.backward(new_f, grads[layer])
+                grads[layer] = prev_f.grad
+                if layer == 0:
+                    inputs.backward(t, x_leaf.grad)
+                else:
+                    below = x_leaf.grad if tape.dropout[layer] is None else x_leaf.grad * tape.dropout[layer]
+                    grads[layer - 1][:, : self.hidden_size] += below
+                states[layer] = prev
+        return grads
+
+    def _check_exact(self, tape: Tape) -> None:
+        tape.guard.check()
+        for layer, (got, want) in enumerate(zip(tape.states, tape.initial)):
+            if not torch.equal(got, want):
+                wrong = (got != want).sum().item()
+                raise ReversalError(
+                    f"reversal did not reconstruct the initial state of layer {layer}: {wrong} of {want.numel()} "
+                    "values differ. Forward and reverse computed a gate differently (weights changed between "
+                    "them, nondeterministic kernels, TF32/autocast in one pass only); gradients would be wrong"
+                )
+        if not tape.buffer.is_empty():
+            raise ReversalError("reversal finished but the information buffer is not empty: pushes and pops did "
+                                "not mirror each other; gradients would be wrong")
+
+    # ------------------------------------------------------------------ ordinary backprop (reference)
+
+    def forward_autograd(self, x: torch.Tensor, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
+                         dropout: list[torch.Tensor | None] | None = None):
+        """The same fixed-point, buffered model with every step's graph kept (ordinary backprop).
+
+        Returns (outputs [T, B, H] float, final float states per layer, slices [T, B, k] float or
+        None, the buffer). Values are the exact fixed-point values; gradients as in reversal.
+        """
+        steps, batch = mask.shape
+        device = mask.device
+        ints = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
+        floats = [to_float(s) for s in ints]
+        dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
+        buf, guard = self.new_buffer(batch, device), OverflowGuard(device)
+        outputs, slices = [], []
+        for t in range(steps):
+            for layer, cell in enumerate(self.cells):
+                if layer == 0:
+                    inp = x[t]
+                else:
+                    inp = floats[layer - 1][:, : self.hidden_size]
+                    inp = inp if dropout[layer] is None else inp * dropout[layer]
+                with torch.no_grad():
+                    ints[layer] = cell.forward_int(inp, ints[layer], buf, mask[t], guard)
+                floats[layer] = cell.forward_diff(inp, floats[layer], ints[layer], mask[t])
+            outputs.append(floats[-1][:, : self.hidden_size])
+            slices.append(floats[-1][:, : self.slice_dim])
+        guard.check()
+        return torch.stack(outputs), floats, torch.stack(slices) if self.slice_dim else None, buf

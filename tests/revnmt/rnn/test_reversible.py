@@ -1,0 +1,145 @@
+import pytest
+import torch
+
+from buffers import FixedPointOverflowError
+from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput
+
+IN, HID, SLICE = 6, 10, 3
+
+
+def _mask(steps, lengths, device="cpu"):
+    return torch.arange(steps, device=device)[:, None] < torch.tensor(lengths, device=device)[None]
+
+
+def _problem(cell, layers, steps, seed=0, dropout=0.0, device="cpu"):
+    torch.manual_seed(seed)
+    rnn = ReversibleRNN(cell, IN, HID, num_layers=layers, dropout=dropout, slice_dim=SLICE, buffer_lanes=2).to(device)
+    batch = 4
+    lengths = [steps, max(1, steps - 3), max(1, steps // 2), 1]  # padding in every row but the first
+    mask = _mask(steps, lengths, device)
+    x = torch.randn(steps, batch, IN, device=device, requires_grad=True)
+    # random "loss weights" on every output, final state and slice: the loss touches everything
+    w_out = torch.randn(steps, batch, HID, device=device)
+    w_fin = [torch.randn(batch, rnn.state_size, device=device) for _ in range(layers)]
+    w_slice = torch.randn(steps, batch, SLICE, device=device)
+    return rnn, x, mask, w_out, w_fin, w_slice
+
+
+def _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice):
+    rnn.zero_grad()
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask)
+    init_grads = rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grad=lambda t, out: w_out[t],
+                                    slice_grad=w_slice)
+    grads = {n: p.grad.clone() for n, p in rnn.named_parameters()}
+    return grads, inputs.grad, init_grads, tape
+
+
+def _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice, dropout=None):
+    rnn.zero_grad()
+    x.grad = None
+    init = [s.float().requires_grad_() for s in rnn.initial_state(x.shape[1], x.device)]
+    ints = rnn.initial_state(x.shape[1], x.device)
+    out, final, slices, _ = rnn.forward_autograd(x, mask, dropout=dropout)
+    loss = (out * w_out).sum() + sum((f * w).sum() for f, w in zip(final, w_fin)) + (slices * w_slice).sum()
+    loss.backward()
+    del init, ints
+    return {n: p.grad.clone() for n, p in rnn.named_parameters()}, x.grad.clone()
+
+
+def _assert_close(got, want):
+    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), want.flatten().double(), dim=0)
+    rel = (got - want).norm() / want.norm()
+    assert cos >= 0.9999 and rel <= 1e-4, f"cos {cos:.7f} rel {rel:.2e}"
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("steps", [1, 10, 100])
+def test_reversal_gradients_match_backprop(cell, layers, steps):
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, layers, steps)
+    rev, rev_x, _, _ = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    ref, ref_x = _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    for name in ref:
+        _assert_close(rev[name], ref[name])
+    _assert_close(rev_x, ref_x)
+
+
+def test_reversal_with_between_layer_dropout_reuses_the_masks():
+    rnn, x, mask, w_out, w_fin, w_slice = _problem("revlstm", 2, 12, dropout=0.5)
+    rnn.train()
+    rev, rev_x, _, tape = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    assert tape.dropout[1] is not None and (tape.dropout[1] == 0).any()
+    ref, ref_x = _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice, dropout=tape.dropout)
+    for name in ref:
+        _assert_close(rev[name], ref[name])
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_sweep_reconstructs_initial_state_and_empties_buffer(cell, device):
+    rnn, x, mask, *_ = _problem(cell, 2, 30, device=device)
+    start = [torch.randint(-(1 << 22), 1 << 22, (4, rnn.state_size), dtype=torch.int32, device=device)
+             for _ in range(2)]
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask, initial=start)
+    assert not torch.equal(tape.states[0], start[0])
+    rnn.backward_sweep(tape, inputs)  # raises unless exact
+    assert all(torch.equal(s, i) for s, i in zip(tape.states, start)) and tape.buffer.is_empty()
+
+
+def test_padded_steps_leave_state_unchanged():
+    rnn, x, _, *_ = _problem("revgru", 1, 8)
+    mask = _mask(8, [8, 3, 0, 8])
+    start = [torch.randint(-(1 << 22), 1 << 22, (4, rnn.state_size), dtype=torch.int32)]
+    tape = rnn.forward_sweep(TensorInput(x), mask, initial=start)
+    assert torch.equal(tape.states[0][2], start[0][2])  # an all-padding row is untouched
+    short = rnn.forward_sweep(TensorInput(x[:3]), _mask(3, [3, 3, 3, 3]), initial=start)
+    assert torch.equal(tape.states[0][1], short.states[0][1])  # row 1 stopped after its 3 tokens
+
+
+def test_forward_matches_autograd_forward_values():
+    rnn, x, mask, *_ = _problem("revlstm", 2, 15)
+    tape = rnn.forward_sweep(TensorInput(x), mask)
+    out, final, slices, _ = rnn.forward_autograd(x, mask)
+    for got, want in zip(final, tape.states):
+        assert torch.equal(got.detach(), want.float() * 2.0 ** -23)
+    assert torch.equal(slices.detach(), tape.slices.float() * 2.0 ** -23)
+
+
+def test_weights_changed_between_forward_and_backward_raise():
+    rnn, x, mask, *_ = _problem("revgru", 1, 20)
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask)
+    with torch.no_grad():
+        rnn.cells[0].zr[0].weight.add_(1e-3)  # what a Hogwild worker writing mid-batch would do
+    with pytest.raises(ReversalError, match="gradients would be wrong"):
+        rnn.backward_sweep(tape, inputs)
+
+
+def test_corrupted_buffer_raises():
+    rnn, x, mask, *_ = _problem("revlstm", 1, 20)
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask)
+    tape.buffer._curr[0, 0] += 1
+    with pytest.raises(ReversalError):
+        rnn.backward_sweep(tape, inputs)
+
+
+def test_state_leaving_fixed_point_range_raises():
+    rnn, x, mask, *_ = _problem("revlstm", 1, 5)
+    big = [torch.full((4, rnn.state_size), (1 << 31) - 1, dtype=torch.int32)]
+    with pytest.raises(FixedPointOverflowError):
+        rnn.forward_sweep(TensorInput(x), mask, initial=big)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(cell="rnn"), "unknown reversible cell"),
+    (dict(hidden_size=11), "even"),
+    (dict(slice_dim=11), "slice_dim"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(max_forget_bits=0), "max forgotten bits"),
+])
+def test_bad_options(kwargs, match):
+    args = dict(cell="revgru", input_size=4, hidden_size=10) | kwargs
+    with pytest.raises(ValueError, match=match):
+        ReversibleRNN(**args)
