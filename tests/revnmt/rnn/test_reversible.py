@@ -38,12 +38,9 @@ def _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice):
 def _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice, dropout=None):
     rnn.zero_grad()
     x.grad = None
-    init = [s.float().requires_grad_() for s in rnn.initial_state(x.shape[1], x.device)]
-    ints = rnn.initial_state(x.shape[1], x.device)
     out, final, slices, _ = rnn.forward_autograd(x, mask, dropout=dropout)
     loss = (out * w_out).sum() + sum((f * w).sum() for f, w in zip(final, w_fin)) + (slices * w_slice).sum()
     loss.backward()
-    del init, ints
     return {n: p.grad.clone() for n, p in rnn.named_parameters()}, x.grad.clone()
 
 

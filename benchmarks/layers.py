@@ -1,0 +1,95 @@
+"""Training-step time of reversible layers against nn.GRU / nn.LSTM, side by side in one run.
+
+    python benchmarks/layers.py [--device cpu|cuda] [--json FILE]
+
+One training step = forward + backward of a 1-layer, 300-unit layer over a [T, 64, 300] input with
+a loss on every output (so every step's output gradient is needed, as in a decoder). Reversible
+layers train by reversal (forward sweep, then reverse-and-recompute sweep); ordinary ones by
+autograd. The median of several timed repetitions after a warm-up is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from revnmt.rnn import ReversibleRNN, TensorInput  # noqa: E402
+from revnmt.rnn.ordinary import OrdinaryRNN  # noqa: E402
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn, device, repeats):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def bench_case(cell: str, steps: int, batch: int, hidden: int, device: torch.device, repeats: int) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(steps, batch, hidden, device=device, requires_grad=True)
+    w = torch.randn(steps, batch, hidden, device=device)
+    mask = torch.ones(steps, batch, dtype=torch.bool, device=device)
+    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3).to(device)
+    ordinary = OrdinaryRNN(cell, hidden, hidden).to(device)
+
+    def rev_step():
+        inputs = TensorInput(x)
+        tape = rev.forward_sweep(inputs, mask)
+        rev.backward_sweep(tape, inputs, output_grad=lambda t, out: w[t])
+
+    def ordinary_step():
+        out, _ = ordinary(x)
+        (out * w).sum().backward()
+
+    rev_ms, ord_ms = _time(rev_step, device, repeats), _time(ordinary_step, device, repeats)
+    return {"cell": "rev" + cell, "T": steps, "reversible_ms": rev_ms, "ordinary_ms": ord_ms, "ratio": rev_ms / ord_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=300)
+    parser.add_argument("--steps", type=int, nargs="+", default=[14, 50])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        # The cell must compute identically in the forward and the reverse sweep.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    report = {"device": name, "batch": args.batch, "hidden": args.hidden, "cases": []}
+    print(f"training step (forward + backward), batch {args.batch}, {args.hidden} units, 1 layer, on {name}")
+    print(f"{'cell':8s} {'T':>4s} {'reversible ms':>14s} {'ordinary ms':>12s} {'ratio':>6s}")
+    for cell in ("gru", "lstm"):
+        for steps in args.steps:
+            case = bench_case(cell, steps, args.batch, args.hidden, device, args.repeats)
+            report["cases"].append(case)
+            print(f"{case['cell']:8s} {steps:4d} {case['reversible_ms']:14.1f} {case['ordinary_ms']:12.1f} "
+                  f"{case['ratio']:6.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
