@@ -8,7 +8,7 @@ depend only on h1(t), so h2(t−1) can be recovered; then half 1 likewise.
 
 Modes (every one calls the same ``_gates_*`` code on the same float values, which is what makes
 the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
-- ``forward_int``: no grad, pushes onto the buffer (training forward, inference).
+- ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference).
 - ``reverse_int``: no grad, pops; returns the exact previous state.
 - ``forward_diff``: with grad, from float leaves of the previous state; its value is the exact
   next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz).
@@ -24,6 +24,7 @@ from torch import nn
 
 from buffers import (
     FORGET_ONE,
+    FORGET_RADIX,
     InformationBuffer,
     OverflowGuard,
     checked_add,
@@ -52,7 +53,13 @@ class _Group:
 
     def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         zq, ui = self._terms(z, u)
-        return checked_add(self.buf.push_mul(h, zq, self.mask), ui, self.guard)
+        if self.buf is None:
+            # Inference keeps no buffer: the plain floor product, which differs from the buffered
+            # one only in the low bits the buffer would have refilled (< z* units of 2^-23).
+            product = torch.where(self.mask[:, None], (h.long() >> FORGET_RADIX) * zq, h.long()).to(torch.int32)
+        else:
+            product = self.buf.push_mul(h, zq, self.mask)
+        return checked_add(product, ui, self.guard)
 
     def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         zq, ui = self._terms(z, u)

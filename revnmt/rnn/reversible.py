@@ -247,16 +247,19 @@ class ReversibleRNN(nn.Module):
     # ------------------------------------------------------------------ ordinary backprop (reference)
 
     def forward_autograd(self, x: torch.Tensor, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
-                         dropout: list[torch.Tensor | None] | None = None):
+                         dropout: list[torch.Tensor | None] | None = None,
+                         initial_float: list[torch.Tensor] | None = None):
         """The same fixed-point, buffered model with every step's graph kept (ordinary backprop).
 
-        Returns (outputs [T, B, H] float, final float states per layer, slices [T, B, k] float or
-        None, the buffer). Values are the exact fixed-point values; gradients as in reversal.
+        ``initial_float`` (optional) carries the graph into the initial states, whose exact values
+        are ``initial``. Returns (outputs [T, B, H] float, final float states per layer, slices
+        [T, B, k] float or None, final int states). Values are the exact fixed-point values;
+        gradients are the ones reversal computes.
         """
         steps, batch = mask.shape
         device = mask.device
         ints = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
-        floats = [to_float(s) for s in ints]
+        floats = list(initial_float) if initial_float is not None else [to_float(s) for s in ints]
         dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
         buf, guard = self.new_buffer(batch, device), OverflowGuard(device)
         outputs, slices = [], []
@@ -273,4 +276,16 @@ class ReversibleRNN(nn.Module):
             outputs.append(floats[-1][:, : self.hidden_size])
             slices.append(floats[-1][:, : self.slice_dim])
         guard.check()
-        return torch.stack(outputs), floats, torch.stack(slices) if self.slice_dim else None, buf
+        return torch.stack(outputs), floats, torch.stack(slices) if self.slice_dim else None, ints
+
+    # ------------------------------------------------------------------ inference
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, states: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One step for every row without a buffer (inference: nothing will be reversed)."""
+        mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        new = []
+        for layer, cell in enumerate(self.cells):
+            inp = x if layer == 0 else self.cells[layer - 1].output(new[-1])
+            new.append(cell.forward_int(inp, states[layer], None, mask))
+        return new
