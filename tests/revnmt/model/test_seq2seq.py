@@ -24,8 +24,9 @@ def _batch(batch=4, src_lens=(7, 5, 3, 2), tgt_lens=(6, 4, 5, 1), seed=0):
 
 def _model(rnn="revgru", attention="emb+slice", layers=1, dropout=0.3, **kw):
     torch.manual_seed(0)
+    options = dict(slice_dim=3, buffer_lanes=4) | kw
     cfg = ModelConfig(rnn=rnn, emb_dim=8, hidden_size=12, layers=layers, dropout=dropout, attention=attention,
-                      slice_dim=3, src_vocab=SRC_V, tgt_vocab=TGT_V, buffer_lanes=4, **kw)
+                      src_vocab=SRC_V, tgt_vocab=TGT_V, **options)
     return Seq2Seq(cfg).train()
 
 
