@@ -132,11 +132,17 @@ class Seq2Seq(nn.Module):
             return self._train_by_reversal(src.t(), tgt_in.t(), tgt_out.t(), masks, normalizer)
         return self._train_by_autograd(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks, normalizer)
 
-    def _train_by_reversal(self, src, tgt_in, tgt_out, masks: DropoutMasks, normalizer: float) -> torch.Tensor:
+    def forward_sweeps(self, src, tgt_in, tgt_out, masks: DropoutMasks):
+        """Encoder and decoder forward sweeps of a reversible model (time-major ids): returns the
+        recomputable inputs and the tapes, i.e. everything kept for the backward sweeps."""
         enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
         dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
         enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder)
         dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=enc_tape.states, dropout=masks.decoder)
+        return enc_in, dec_in, enc_tape, dec_tape
+
+    def _train_by_reversal(self, src, tgt_in, tgt_out, masks: DropoutMasks, normalizer: float) -> torch.Tensor:
+        enc_in, dec_in, enc_tape, dec_tape = self.forward_sweeps(src, tgt_in, tgt_out, masks)
 
         stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
         memory = self.build_memory(src, masks, stored)

@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from revnmt.data import Batch
+from revnmt.data.vocab import BOS, EOS, PAD
+from revnmt.memory.report import analytic_bits, format_report, memory_report, ordinary_counterpart
+from revnmt.model import ModelConfig, Seq2Seq
+
+
+def _batch(batch=6, src_len=9, tgt_len=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (batch, src_len), generator=gen)
+    src[1:, -2:] = PAD
+    tgt = torch.randint(4, 40, (batch, tgt_len - 1), generator=gen)
+    tgt_in = torch.cat([torch.full((batch, 1), BOS), tgt], 1)
+    tgt_out = torch.cat([tgt, torch.full((batch, 1), EOS)], 1)
+    return Batch(src, (src != PAD).sum(1), tgt_in, tgt_out, (tgt_out != PAD).sum(1), int((tgt_out != PAD).sum()),
+                 list(range(batch)))
+
+
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
+def test_analytic_bits_follow_the_definitions(rnn):
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn=rnn, emb_dim=16, hidden_size=20, attention="emb+slice", slice_dim=4, src_vocab=40,
+                      tgt_vocab=40, buffer_lanes=5)
+    model = Seq2Seq(cfg)
+    batch = _batch()
+    sides = analytic_bits(model, [batch])
+    per_unit = 2 if rnn == "revlstm" else 1
+    assert sides["encoder"].baseline_bits == 32 * 9 * 6 * 20 * per_unit
+    assert sides["decoder"].baseline_bits == 32 * 8 * 6 * 20 * per_unit
+    slice_bits = 32 * 9 * 6 * 4
+    enc = sides["encoder"]
+    # actual = buffer words (>= one 64-bit word per lane) + overflow log + stored slices
+    assert enc.actual_bits >= slice_bits + 64 * 6 * 5
+    assert slice_bits < enc.optimal_bits < enc.actual_bits
+    assert sides["decoder"].optimal_bits < sides["decoder"].actual_bits < sides["decoder"].baseline_bits
+
+
+def test_report_compares_with_the_ordinary_model_of_the_same_size():
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn="revgru", emb_dim=16, hidden_size=20, attention="emb", src_vocab=40, tgt_vocab=40)
+    assert ordinary_counterpart(cfg).rnn == "gru" and ordinary_counterpart(cfg).attention == "hidden"
+    report = memory_report(Seq2Seq(cfg), [_batch(src_len=30, tgt_len=30)])
+    saved = report["model"]["saved_bytes_per_token"]
+    assert saved["ordinary"] > 2 * saved["reversible"] > 0
+    assert report["model"]["peak_bytes"] is None  # CPU: no allocator figure is invented
+    assert report["decoder"]["actual_ratio"] > 1
+    assert "encoder" in format_report(report)
+
+
+def test_ordinary_models_have_no_analytic_bits():
+    cfg = ModelConfig(rnn="gru", emb_dim=16, hidden_size=20, attention="hidden", src_vocab=40, tgt_vocab=40)
+    with pytest.raises(ValueError, match="reversible"):
+        analytic_bits(Seq2Seq(cfg), [_batch()])
