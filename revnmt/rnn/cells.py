@@ -10,6 +10,8 @@ Modes (every one calls the same ``_gates_*`` code on the same float values, whic
 the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
 - ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference).
 - ``reverse_int``: no grad, pops; returns the exact previous state.
+  Output columns stored exactly elsewhere (the top encoder layer's attention slice, ``stored``)
+  skip the buffer and are restored from the stored copy (``restore``), as in the paper.
 - ``forward_diff``: with grad, from float leaves of the previous state; its value is the exact
   next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz).
   Reversal re-runs one step of it; ordinary backprop runs all steps of it.
@@ -51,19 +53,33 @@ class _Group:
         ui = to_fixed(u, guard=self.guard) * self.mask[:, None]
         return zq, ui
 
-    def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def _lossy(self, h: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        # The plain floor product: it differs from the buffered one only in the low bits the
+        # buffer would have refilled (< z* units of 2^-23). Used where nothing will be reversed.
+        return torch.where(self.mask[:, None], (h.long() >> FORGET_RADIX) * zq, h.long()).to(torch.int32)
+
+    def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, stored: int = 0) -> torch.Tensor:
+        """h ← z·h + u. The first ``stored`` columns are kept exactly elsewhere (the attention
+        slice), so they skip the buffer; without a buffer (inference) every column does."""
         zq, ui = self._terms(z, u)
         if self.buf is None:
-            # Inference keeps no buffer: the plain floor product, which differs from the buffered
-            # one only in the low bits the buffer would have refilled (< z* units of 2^-23).
-            product = torch.where(self.mask[:, None], (h.long() >> FORGET_RADIX) * zq, h.long()).to(torch.int32)
-        else:
-            product = self.buf.push_mul(h, zq, self.mask)
-        return checked_add(product, ui, self.guard)
+            stored = h.shape[1]
+        parts = []
+        if stored:
+            parts.append(self._lossy(h[:, :stored], zq[:, :stored]))
+        if stored < h.shape[1]:
+            parts.append(self.buf.push_mul(h[:, stored:], zq[:, stored:], self.mask))
+        return checked_add(torch.cat(parts, 1) if len(parts) > 1 else parts[0], ui, self.guard)
 
-    def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, restore: torch.Tensor | None = None):
+        """The inverse of :meth:`push`; ``restore`` gives the stored columns' previous values."""
         zq, ui = self._terms(z, u)
-        return self.buf.pop_div(checked_sub(h, ui, self.guard), zq, self.mask)
+        h = checked_sub(h, ui, self.guard)
+        stored = 0 if restore is None else restore.shape[1]
+        parts = [] if restore is None else [restore]
+        if stored < h.shape[1]:
+            parts.append(self.buf.pop_div(h[:, stored:], zq[:, stored:], self.mask))
+        return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
     def diff(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
         """Float h(t) with value ``exact`` (int) and gradient of where(mask, z*·h + u, h)."""
@@ -96,6 +112,14 @@ class RevCell(nn.Module):
     def _split(self, state: torch.Tensor) -> list[torch.Tensor]:
         return list(state.split(self.half, dim=1))
 
+    def _stored(self, i: int, stored: int) -> int:
+        """How many leading columns of h_i fall into the first ``stored`` output columns."""
+        return min(max(stored - i * self.half, 0), self.half)
+
+    def _restore(self, i: int, restore: torch.Tensor | None) -> torch.Tensor | None:
+        n = 0 if restore is None else self._stored(i, restore.shape[1])
+        return restore[:, i * self.half: i * self.half + n] if n else None
+
 
 class RevGRUCell(RevCell):
     """h_i ← z_i·h_i + (1 − z_i)·g_i, with [z_i | r_i] = σ(W[x; h_j]), g_i = tanh(V[x; r_i·h_j])."""
@@ -111,18 +135,18 @@ class RevGRUCell(RevCell):
         g = torch.tanh(self.g[i](torch.cat([x, r * other], 1)))
         return z, (1 - z) * g
 
-    def forward_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+    def forward_int(self, x, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
         h = self._split(state)
         grp = self._group(buf, mask, guard)
         for i in (0, 1):
-            h[i] = grp.push(h[i], *self._gates(i, x, to_float(h[1 - i])))
+            h[i] = grp.push(h[i], *self._gates(i, x, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def reverse_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+    def reverse_int(self, x, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
         h = self._split(state)
         grp = self._group(buf, mask, guard)
         for i in (1, 0):
-            h[i] = grp.pop(h[i], *self._gates(i, x, to_float(h[1 - i])))
+            h[i] = grp.pop(h[i], *self._gates(i, x, to_float(h[1 - i])), self._restore(i, restore))
         return torch.cat(h, 1)
 
     def forward_diff(self, x, prev_f, new_state, mask) -> torch.Tensor:
@@ -153,23 +177,24 @@ class RevLSTMCell(RevCell):
         p = restrict_forget(torch.sigmoid(p), self.max_forget_bits)
         return f, torch.sigmoid(ig) * torch.tanh(g), torch.sigmoid(o), p
 
-    def forward_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+    def forward_int(self, x, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
         h1, h2, c1, c2 = self._split(state)
         h, c = [h1, h2], [c1, c2]
         grp = self._group(buf, mask, guard)
         for i in (0, 1):
             f, ig, o, p = self._gates(i, x, to_float(h[1 - i]))
             c[i] = grp.push(c[i], f, ig)
-            h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])))
+            h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def reverse_int(self, x, state, buf, mask, guard=None) -> torch.Tensor:
+    def reverse_int(self, x, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
         h1, h2, c1, c2 = self._split(state)
         h, c = [h1, h2], [c1, c2]
         grp = self._group(buf, mask, guard)
         for i in (1, 0):
             f, ig, o, p = self._gates(i, x, to_float(h[1 - i]))
-            h[i] = grp.pop(h[i], p, o * torch.tanh(to_float(c[i])))  # c[i] is still the new cell
+            # c[i] is still the new cell here
+            h[i] = grp.pop(h[i], p, o * torch.tanh(to_float(c[i])), self._restore(i, restore))
             c[i] = grp.pop(c[i], f, ig)
         return torch.cat(h + c, 1)
 

@@ -139,6 +139,10 @@ class ReversibleRNN(nn.Module):
                 masks.append(None)
         return masks
 
+    def _stored(self, layer: int) -> int:
+        """Output columns of ``layer`` kept exactly as the attention slice (top layer only)."""
+        return self.slice_dim if layer == self.num_layers - 1 else 0
+
     def _layer_input(self, layer: int, inputs_t: torch.Tensor, below: torch.Tensor,
                      dropout: list[torch.Tensor | None]) -> torch.Tensor:
         if layer == 0:
@@ -166,7 +170,8 @@ class ReversibleRNN(nn.Module):
             x_t = inputs.at(t)
             for layer, cell in enumerate(self.cells):
                 x = self._layer_input(layer, x_t, states[layer - 1], tape.dropout)
-                states[layer] = cell.forward_int(x, states[layer], tape.buffer, mask[t], tape.guard)
+                states[layer] = cell.forward_int(x, states[layer], tape.buffer, mask[t], tape.guard,
+                                                 self._stored(layer))
             if tape.slices is not None:
                 tape.slices[t] = states[-1][:, : self.slice_dim]
         tape.guard.check()  # one host sync per sweep, not per step
@@ -213,8 +218,11 @@ class ReversibleRNN(nn.Module):
             for layer in reversed(range(self.num_layers)):
                 cell = self.cells[layer]
                 x = self._layer_input(layer, x_t, states[layer - 1], tape.dropout)
+                restore = None
+                if self._stored(layer):  # the stored slice holds this layer's previous output columns
+                    restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
                 with torch.no_grad():
-                    prev = cell.reverse_int(x, states[layer], tape.buffer, tape.mask[t], tape.guard)
+                    prev = cell.reverse_int(x, states[layer], tape.buffer, tape.mask[t], tape.guard, restore)
                 # Re-run this one step with autograd from the exact previous state.
                 with torch.enable_grad():
                     prev_f = to_float(prev).requires_grad_()
@@ -271,7 +279,7 @@ class ReversibleRNN(nn.Module):
                     inp = floats[layer - 1][:, : self.hidden_size]
                     inp = inp if dropout[layer] is None else inp * dropout[layer]
                 with torch.no_grad():
-                    ints[layer] = cell.forward_int(inp, ints[layer], buf, mask[t], guard)
+                    ints[layer] = cell.forward_int(inp, ints[layer], buf, mask[t], guard, self._stored(layer))
                 floats[layer] = cell.forward_diff(inp, floats[layer], ints[layer], mask[t])
             outputs.append(floats[-1][:, : self.hidden_size])
             slices.append(floats[-1][:, : self.slice_dim])

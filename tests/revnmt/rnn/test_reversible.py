@@ -140,3 +140,16 @@ def test_bad_options(kwargs, match):
     args = dict(cell="revgru", input_size=4, hidden_size=10) | kwargs
     with pytest.raises(ValueError, match=match):
         ReversibleRNN(**args)
+
+
+def test_stored_slice_columns_skip_the_buffer():
+    torch.manual_seed(0)
+    x, mask = torch.randn(12, 4, IN), _mask(12, [12, 9, 5, 1])
+    whole = ReversibleRNN("revgru", IN, HID, slice_dim=HID)  # the full top state is stored
+    tape = whole.forward_sweep(TensorInput(x), mask)
+    assert tape.buffer.pushes == 0 and tape.buffer.optimal_bits() == 0
+    whole.backward_sweep(tape, TensorInput(x), slice_grad=torch.ones(12, 4, HID))
+    sliced, plain = (ReversibleRNN("revgru", IN, HID, slice_dim=k) for k in (SLICE, 0))
+    sliced.load_state_dict(plain.state_dict())
+    bits = [rnn.forward_sweep(TensorInput(x), mask).buffer.optimal_bits() for rnn in (sliced, plain)]
+    assert 0 < bits[0] < bits[1]
