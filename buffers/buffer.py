@@ -4,8 +4,8 @@ Layout. Every (batch row, unit) lane owns a stack of int64 words. The live word 
 in ``_curr`` [batch, units]; full words sit in ``_stack`` [capacity, batch, units], all lanes
 together, so adding a word is one slab write instead of a per-lane branch. When any *active* lane's
 live word could overflow on the next multiply (B ≥ 2^(63−R_Z)), the whole live slab is pushed and
-reset to zero: all lanes grow together, which keeps the structure one dense tensor. A packed bit
-log remembers which push calls overflowed, so the pops can undo them at the mirrored call.
+reset to zero: all lanes grow together, which keeps the structure one dense tensor. A flag
+per push call remembers which ones overflowed, so the pops can undo them at the mirrored call.
 
 No host sync per step. Whether a push overflows is known only on the device, so the stack height
 ``_top`` is a device tensor and every push writes the live slab into slot ``_top`` unconditionally
@@ -27,7 +27,6 @@ from .multiply import div_exact, mul_exact
 
 #: A live word at or above this value could exceed int64 in B·2^R_Z + r, so it is pushed first.
 WORD_LIMIT = 1 << (63 - FORGET_RADIX)
-_LOG_BITS = 63  # overflow flags packed per int64 log word (the sign bit stays clear)
 _MIN_FREE_WORDS = 4  # stack slots kept free after a sync, so syncs stay rare
 
 
@@ -62,8 +61,10 @@ class InformationBuffer:
         self._curr = torch.zeros(batch, units, **long)
         self._stack = torch.zeros(1 + _MIN_FREE_WORDS, batch, units, **long)
         self._top = torch.zeros((), **long)
-        self._log = torch.zeros(1, **long)
-        self._optimal = torch.zeros(_LOG_BITS, dtype=torch.float64, device=self.device)
+        # One overflow flag per push (a byte each: one indexed write per push, where a packed bit
+        # log costs half a dozen ops; the flags are < 1 % of the words for any real batch).
+        self._flags = torch.zeros(64, dtype=torch.bool, device=self.device)
+        self._optimal = torch.zeros(64, dtype=torch.float64, device=self.device)
         self._bad_input = torch.zeros((), dtype=torch.bool, device=self.device)
         self._widths: list[int] = []  # width of every push, host side: checks LIFO order for free
         self._known_top = 0  # true stack height at the last host sync ...
@@ -89,16 +90,25 @@ class InformationBuffer:
         """
         _, active = self._check_args("push_mul", h, z, mask)
         zl = self._checked_numerators(z, active)
-        chunks = [self._push(h[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h)]
-        return torch.cat(chunks, 1) if len(chunks) > 1 else chunks[0]
+        hl = h.long()
+        chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h)]
+        # Information destroyed by the whole group, recorded at its last push (pops come in groups).
+        lost = FORGET_RADIX - torch.log2(zl.double())
+        self._optimal[self.pushes - 1] = (lost if active is None else lost * active).sum()
+        out = torch.cat(chunks, 1) if len(chunks) > 1 else chunks[0]
+        return out.to(torch.int32)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
 
     def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
         _, active = self._check_args("pop_div", h, z, mask)
         zl = self._checked_numerators(z, active)
-        chunks = self._chunks(h)
-        out = [self._pop(h[:, c], zl[:, c], None if active is None else active[:, c]) for c in reversed(chunks)]
-        return torch.cat(out[::-1], 1) if len(out) > 1 else out[0]
+        hl = h.long()
+        out = [self._pop(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in reversed(self._chunks(h))]
+        h_new = torch.cat(out[::-1], 1) if len(out) > 1 else out[0]
+        out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
+        self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push",
+                       BufferError)
+        return h_new.to(torch.int32)
 
     def _chunks(self, h: torch.Tensor) -> list[slice]:
         return [slice(i, min(i + self.units, h.shape[1])) for i in range(0, h.shape[1], self.units)]
@@ -118,19 +128,16 @@ class InformationBuffer:
         self._stack.index_copy_(0, self._top.view(1), self._curr.unsqueeze(0))
         self._curr.masked_fill_(overflow, 0)
         self._top += overflow
-        word, bit = divmod(p, _LOG_BITS)
-        self._log[word] = (self._log[word] & ~(1 << bit)) | (overflow.long() << bit)
+        self._flags[p] = overflow
 
-        h_new, buf_new = mul_exact(h.long(), live, zl)
-        lost = FORGET_RADIX - torch.log2(zl.double())
+        h_new, buf_new = mul_exact(h, live, zl)
         if active is not None:
-            h_new = torch.where(active, h_new, h.long())
+            h_new = torch.where(active, h_new, h)
             buf_new = torch.where(active, buf_new, live)
-            lost = lost * active
         live.copy_(buf_new)
-        self._optimal[p] = lost.sum()
+        self._optimal[p] = 0.0
         self._widths.append(width)
-        return h_new.to(torch.int32)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
+        return h_new
 
     def _pop(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         width = h.shape[1]
@@ -144,13 +151,12 @@ class InformationBuffer:
         p = self.pushes - 1
 
         live = self._curr[:, :width]
-        h_new, buf_new = div_exact(h.long(), live, zl)
+        h_new, buf_new = div_exact(h, live, zl)
         if active is not None:
-            h_new = torch.where(active, h_new, h.long())
+            h_new = torch.where(active, h_new, h)
             buf_new = torch.where(active, buf_new, live)
         live.copy_(buf_new)
-        word, bit = divmod(p, _LOG_BITS)
-        overflow = ((self._log[word] >> bit) & 1).bool()
+        overflow = self._flags[p]
         below = self._stack.index_select(0, (self._top - 1).clamp(min=0)).squeeze(0)
         self._curr.copy_(torch.where(overflow, below, self._curr))
         self._top -= overflow.long()
@@ -158,10 +164,7 @@ class InformationBuffer:
         self._widths.pop()
         # After popping below the last sync point the old height still bounds the stack.
         self._pushes_at_sync = min(self._pushes_at_sync, self.pushes)
-        out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
-        self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push",
-                       BufferError)
-        return h_new.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+        return h_new
 
     def is_empty(self) -> bool:
         """True when every push has been popped and every word is back to zero (one host sync)."""
@@ -176,14 +179,13 @@ class InformationBuffer:
         """Bits of information storage in use: every lane's words plus the overflow log.
 
         This counts words that hold (or are ready to hold) forgotten bits; spare stack slots
-        allocated ahead of need are in :meth:`reserved_bits`.
+        allocated ahead of need are in :meth:`reserved_bits`. The overflow flags count 8 bits each (bytes).
         """
-        log_words = math.ceil(self.pushes / _LOG_BITS)
-        return 64 * (self.word_count() * self.batch * self.units + log_words)
+        return 64 * self.word_count() * self.batch * self.units + 8 * self.pushes
 
     def reserved_bits(self) -> int:
         """Bits of device memory the buffer's tensors occupy, spare capacity and bookkeeping included."""
-        tensors = (self._curr, self._stack, self._top, self._log, self._optimal, self._bad_input)
+        tensors = (self._curr, self._stack, self._top, self._flags, self._optimal, self._bad_input)
         return 8 * sum(t.numel() * t.element_size() for t in tensors)
 
     def optimal_bits(self) -> float:
@@ -253,8 +255,7 @@ class InformationBuffer:
                 self._stack = _grow(self._stack, max(needed, self._stack.shape[0] * 3 // 2))
         if self.pushes >= self._optimal.shape[0]:
             self._optimal = _grow(self._optimal, 2 * self._optimal.shape[0])
-        if self.pushes // _LOG_BITS >= self._log.shape[0]:
-            self._log = _grow(self._log, 2 * self._log.shape[0])
+            self._flags = _grow(self._flags, 2 * self._flags.shape[0])
 
 
 def _grow(t: torch.Tensor, rows: int) -> torch.Tensor:

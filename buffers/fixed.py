@@ -66,12 +66,14 @@ def _report(bad: torch.Tensor, what: str, guard: OverflowGuard | None) -> None:
 def to_fixed(x: torch.Tensor, radix: int = HIDDEN_RADIX, guard: OverflowGuard | None = None) -> torch.Tensor:
     """Round a float tensor to int32 fixed point with ``radix`` fractional bits.
 
-    Out-of-range values raise (now, or at ``guard.check()`` when a guard is given); they are
-    clamped meanwhile so that no undefined float-to-int cast happens.
+    Out-of-range values (and NaN) raise, now or at ``guard.check()`` when a guard is given;
+    meanwhile they are clamped, so no undefined float-to-int cast happens.
     """
     scaled = torch.round(x.detach().double() * (1 << radix))
-    _report((scaled < INT32_MIN) | (scaled > INT32_MAX) | torch.isnan(scaled), "to_fixed", guard)
-    return scaled.nan_to_num(0.0).clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+    # scaled is an integer, so it fits int32 exactly when |scaled + 0.5| <= 2^31 − 0.5;
+    # written as "not <=" so that NaN counts as out of range
+    _report(~((scaled + 0.5).abs() <= INT32_MAX + 0.5), "to_fixed", guard)
+    return scaled.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
 
 
 def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -81,8 +83,9 @@ def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = to
 
 def checked_add(a: torch.Tensor, b: torch.Tensor, guard: OverflowGuard | None = None) -> torch.Tensor:
     """int32 a + b, computed in int64 so that leaving the int32 range is detected, not wrapped."""
-    s = a.long() + b.long()
-    _report((s < INT32_MIN) | (s > INT32_MAX), "state update", guard)
+    s = a.long() + b
+    # s fits int32 exactly when s − INT32_MIN lies in [0, 2^32), i.e. has no bits above bit 31
+    _report(((s - INT32_MIN) >> 32) != 0, "state update", guard)
     return s.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
 
 
