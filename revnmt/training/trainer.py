@@ -1,0 +1,215 @@
+"""The training loop: updates, validation, LR decay, early stopping, checkpoints that resume exactly.
+
+A checkpoint holds the model, optimizer, scheduler, every RNG and the position inside the epoch.
+Batch order is a pure function of (seed, epoch), so a resumed run rebuilds the epoch's batches,
+skips those already trained on, and makes the same updates as a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
+from revnmt.data import BatchSampler, make_batch, sorted_batches
+from revnmt.model import Seq2Seq
+from revnmt.translator import Translator, evaluate
+
+from .data import TrainingData
+from .options import eval_batch_size
+from .progress import StepReporter
+from .schedule import build_optimizer, build_scheduler, current_lr
+
+logger = logging.getLogger(__name__)
+
+VALID_TSV = "valid.tsv"
+VALID_COLUMNS = ("epoch", "step", "dev_loss", "dev_ppl", "dev_bleu", "lr", "elapsed_s")
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands; saved in checkpoints as ``"trainer"``."""
+
+    epoch: int = 1  # the epoch in progress, from 1
+    batch_in_epoch: int = 0  # batches of ``sampler.batches(epoch)`` already trained on
+    step: int = 0  # updates so far
+    best_bleu: float = -1.0  # of all validations (best.pt); below any score, so the first one counts
+    best_step: int = 0
+    # --patience compares end-of-epoch dev BLEU with the best end-of-epoch dev BLEU only, so that a
+    # validation at a --max-steps stop does not change when a resumed run stops.
+    epoch_best_bleu: float = -1.0
+    bad_epochs: int = 0
+    elapsed_s: float = 0.0  # training and validation time over all sessions
+
+
+@dataclass(frozen=True)
+class Validation:
+    loss: float  # per target token
+    bleu: float
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.loss, 100.0))
+
+
+class Trainer:
+    """Trains ``model`` on ``data`` as ``args`` say, saving into ``save_dir``."""
+
+    def __init__(self, args: argparse.Namespace, data: TrainingData, model: Seq2Seq, save_dir: Path) -> None:
+        self.args, self.data, self.model, self.save_dir = args, data, model, save_dir
+        self.optimizer = build_optimizer(args, model.parameters())
+        self.scheduler = build_scheduler(args, self.optimizer)
+        self.state = TrainerState()
+        self.sampler = BatchSampler(data.train.lengths, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
+                                    shuffle=True, seed=args.seed)
+        self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
+        self.reporter = StepReporter(args.log_every, logger)
+        self.eval_batch_size = eval_batch_size(args)
+        self.device = next(model.parameters()).device
+        self._session_start, self._elapsed_before = time.monotonic(), 0.0
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything needed to translate with the model or to resume the run (weights_only-loadable)."""
+        self.state.elapsed_s = self.elapsed()
+        return {
+            "model_config": self.model.cfg.to_dict(),
+            "model": self.model.state_dict(),
+            "src_vocab": self.data.src_vocab.itos,
+            "tgt_vocab": self.data.tgt_vocab.itos,
+            "data": self.data.options.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer": asdict(self.state),
+            "rng": rng_state(),
+            "args": vars(self.args),
+        }
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue the run saved in ``checkpoint`` (its model options must be this model's)."""
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.state = TrainerState(**checkpoint["trainer"])
+        self._elapsed_before = self.state.elapsed_s
+        set_rng_state(checkpoint["rng"])  # last: building the model above drew from the generators
+
+    def _save(self, best: bool) -> None:
+        checkpoint = self.checkpoint()
+        save_checkpoint(self.save_dir / LAST_CHECKPOINT, checkpoint)
+        if best:
+            save_checkpoint(self.save_dir / BEST_CHECKPOINT, checkpoint)
+
+    def elapsed(self) -> float:
+        return self._elapsed_before + time.monotonic() - self._session_start
+
+    # ------------------------------------------------------------------ the loop
+
+    def stop_reason(self) -> str | None:
+        """Why training is over, or None while it is not."""
+        args, state = self.args, self.state
+        if args.max_steps is not None and state.step >= args.max_steps:
+            return f"reached --max-steps {args.max_steps}"
+        if state.epoch > args.epochs:
+            return f"completed --epochs {args.epochs}"
+        if state.bad_epochs >= args.patience:
+            return f"no dev BLEU improvement in {state.bad_epochs} epochs (--patience {args.patience})"
+        if current_lr(self.optimizer) < args.min_lr:
+            return f"learning rate {current_lr(self.optimizer):.2e} is below --min-lr {args.min_lr:g}"
+        return None
+
+    def train(self) -> str:
+        """Train until a stop condition holds; return it.
+
+        Validation follows every epoch, and a stop at ``--max-steps`` inside an epoch. Only
+        end-of-epoch validations step the LR schedule and the patience count, so where a run
+        was stopped and resumed changes neither its updates nor when it stops (only best.pt
+        can differ: the stop's validation may find a better model).
+        """
+        if self.state.step == 0:
+            self._write_tsv_header()
+        logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters", self.state.epoch,
+                    self.state.step, len(self.sampler.batches(self.state.epoch)),
+                    sum(p.numel() for p in self.model.parameters()))
+        while (reason := self.stop_reason()) is None:
+            epoch_done = self._train_epoch()
+            self._validate(end_of_epoch=epoch_done)
+        logger.info("training stopped: %s; best dev BLEU %.2f at step %d", reason, self.state.best_bleu,
+                    self.state.best_step)
+        return reason
+
+    def _train_epoch(self) -> bool:
+        """Train on the rest of the current epoch; False if ``--max-steps`` cut it short."""
+        args, state = self.args, self.state
+        batches = self.sampler.batches(state.epoch)
+        self.model.train()
+        with self.reporter.epoch(state.epoch, len(batches), state.batch_in_epoch):
+            for index in range(state.batch_in_epoch, len(batches)):
+                batch = make_batch(self.data.train, batches[index]).to(self.device)
+                self.optimizer.zero_grad(set_to_none=True)
+                # train_step accumulates the gradients itself (reversible models train by reversal).
+                loss = self.model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out,
+                                             normalizer=batch.n_tokens)
+                if args.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip)
+                self.optimizer.step()
+                state.step, state.batch_in_epoch = state.step + 1, index + 1
+                self.reporter.step(state.step, index + 1, loss, batch.n_tokens, current_lr(self.optimizer))
+                if args.save_every and state.step % args.save_every == 0:
+                    self._save(best=False)
+                if args.max_steps is not None and state.step >= args.max_steps:
+                    break
+        return state.batch_in_epoch == len(batches)
+
+    # ------------------------------------------------------------------ validation
+
+    def evaluate(self) -> Validation:
+        """Dev loss per token (teacher forcing) and sacreBLEU of the dev translations."""
+        self.model.eval()
+        total, tokens = 0.0, 0
+        for indices in sorted_batches(self.data.valid.lengths, self.eval_batch_size):
+            batch = make_batch(self.data.valid, indices).to(self.device)
+            total += self.model.loss(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out).item()
+            tokens += batch.n_tokens
+        hyps = self.translator.translate(self.data.valid_text.src, beam=self.args.valid_beam,
+                                         batch_size=self.eval_batch_size, progress=self.reporter.use_bar)
+        scores = evaluate(hyps, self.data.valid_text.tgt, self.data.options)
+        for line in scores.lines():
+            logger.info("dev %s", line)
+        self.model.train()
+        return Validation(loss=total / tokens, bleu=scores.sacrebleu.score)
+
+    def _validate(self, end_of_epoch: bool) -> None:
+        state, epoch, lr = self.state, self.state.epoch, current_lr(self.optimizer)
+        result = self.evaluate()
+        improved = result.bleu > state.best_bleu
+        if improved:
+            state.best_bleu, state.best_step = result.bleu, state.step
+        if end_of_epoch:
+            if result.bleu > state.epoch_best_bleu:
+                state.epoch_best_bleu, state.bad_epochs = result.bleu, 0
+            else:
+                state.bad_epochs += 1
+            self.scheduler.step(result.loss)
+            if current_lr(self.optimizer) < lr:
+                logger.info("dev loss did not improve: learning rate %.2e -> %.2e", lr, current_lr(self.optimizer))
+            state.epoch, state.batch_in_epoch = epoch + 1, 0
+        logger.info("validation after epoch %d%s, step %d: dev loss %.3f | ppl %.2f | BLEU %.2f%s", epoch,
+                    "" if end_of_epoch else " (part)", state.step, result.loss, result.ppl, result.bleu,
+                    " (best)" if improved else f" (best {state.best_bleu:.2f} at step {state.best_step})")
+        row = (epoch, state.step, f"{result.loss:.4f}", f"{result.ppl:.2f}", f"{result.bleu:.2f}", f"{lr:.3g}",
+               f"{self.elapsed():.0f}")
+        with open(self.save_dir / VALID_TSV, "a", encoding="utf-8") as f:
+            f.write("\t".join(map(str, row)) + "\n")
+        self._save(best=improved)
+
+    def _write_tsv_header(self) -> None:
+        (self.save_dir / VALID_TSV).write_text("\t".join(VALID_COLUMNS) + "\n", encoding="utf-8")

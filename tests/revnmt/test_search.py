@@ -1,0 +1,109 @@
+import math
+
+import pytest
+import torch
+
+from revnmt.data.vocab import BOS, EOS, PAD
+from revnmt.model import Encoded, ModelConfig, Seq2Seq
+from revnmt.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
+
+VOCAB = 12
+
+
+def _copy_batch(gen: torch.Generator, batch: int = 16):
+    """Reverse-copy task: target = source reversed, lengths 2-6."""
+    lengths = torch.randint(2, 7, (batch,), generator=gen).sort(descending=True).values
+    src = torch.full((batch, int(lengths[0])), PAD)
+    tgt_in = torch.full((batch, int(lengths[0]) + 1), PAD)
+    tgt_out = torch.full_like(tgt_in, PAD)
+    for i, n in enumerate(lengths.tolist()):
+        ids = torch.randint(4, VOCAB, (n,), generator=gen)
+        src[i, :n] = ids
+        tgt_in[i, 0], tgt_in[i, 1 : n + 1] = BOS, ids.flip(0)
+        tgt_out[i, :n], tgt_out[i, n] = ids.flip(0), EOS
+    return src, lengths, tgt_in, tgt_out
+
+
+@pytest.fixture(scope="module", params=["revgru", "lstm"])
+def trained(request) -> tuple[Seq2Seq, torch.Tensor, torch.Tensor]:
+    """A tiny model trained for a few steps, so that outputs differ and some stop early."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn=request.param, emb_dim=16, hidden_size=16, dropout=0.0, attention="emb+slice",
+                      slice_dim=4, buffer_lanes=4, src_vocab=VOCAB, tgt_vocab=VOCAB)
+    model = Seq2Seq(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        src, src_len, tgt_in, tgt_out = _copy_batch(gen)
+        opt.zero_grad()
+        model.train_step(src, src_len, tgt_in, tgt_out, normalizer=float((tgt_out != PAD).sum()))
+        opt.step()
+    src, src_len, _, _ = _copy_batch(gen, batch=12)
+    return model.eval(), src, src_len
+
+
+def test_beam_one_is_greedy(trained):
+    model, src, src_len = trained
+    expected = greedy(model, src, src_len)
+    assert beam_search(model, src, src_len, beam=1) == expected
+    assert beam_search(model, src, src_len, beam=1, max_len=3) == greedy(model, src, src_len, max_len=3)
+    assert len({len(ids) for ids in expected}) > 1  # a real test: outputs stop at different steps
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_outputs_hold_no_specials_and_respect_limits(trained, beam):
+    model, src, src_len = trained
+    for max_len in (None, 2):
+        outputs = beam_search(model, src, src_len, beam=beam, max_len=max_len)
+        for ids, limit in zip(outputs, output_limits(src_len, max_len)):
+            assert len(ids) <= limit
+            assert not {PAD, BOS, EOS} & set(ids)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batch_order_and_composition_do_not_matter(trained, beam):
+    model, src, src_len = trained
+    search = (lambda s, n: greedy(model, s, n)) if beam == 1 else (lambda s, n: beam_search(model, s, n, beam))
+    together = search(src, src_len)
+    perm = torch.randperm(len(src), generator=torch.Generator().manual_seed(1))
+    assert search(src[perm], src_len[perm]) == [together[i] for i in perm.tolist()]
+    alone = [search(src[i : i + 1, : int(src_len[i])], src_len[i : i + 1])[0] for i in range(len(src))]
+    assert alone == together
+
+
+def test_default_limit_grows_with_the_source_and_is_capped():
+    assert output_limits(torch.tensor([1, 7, 1000])) == [12, 24, MAX_OUTPUT_LEN]
+    assert output_limits(torch.tensor([1, 7]), max_len=5) == [5, 5]
+    with pytest.raises(ValueError, match="positive"):
+        output_limits(torch.tensor([3]), max_len=0)
+
+
+class ScriptedModel:
+    """Next-token probabilities that depend only on the previous token:
+
+    BOS -> a 0.6, b 0.4;  a -> a 0.4, b 0.3, EOS 0.3;  b -> EOS 0.9, a 0.1.
+    Greedy follows a, a, a, ... to the length limit; the best sequence is "b EOS".
+    """
+
+    A, B = 4, 5
+    TABLE = {BOS: {A: 0.6, B: 0.4}, A: {A: 0.4, B: 0.3, EOS: 0.3}, B: {EOS: 0.9, A: 0.1}}
+
+    def encode(self, src, src_len):
+        return Encoded(torch.zeros(len(src), src.shape[1], 1), src == PAD, torch.zeros(len(src)))
+
+    def decode_step(self, enc, state, prev):
+        log_probs = torch.full((len(prev), 6), -math.inf)
+        for row, token in enumerate(prev.tolist()):
+            for nxt, p in self.TABLE[token].items():
+                log_probs[row, nxt] = math.log(p)
+        return log_probs, state
+
+    def reorder_state(self, state, index):
+        return state.index_select(0, index)
+
+
+def test_beam_search_finds_what_greedy_misses():
+    model, src, src_len = ScriptedModel(), torch.tensor([[4, 4, 4]]), torch.tensor([3])
+    assert greedy(model, src, src_len) == [[ScriptedModel.A] * 16]  # 2 * 3 + 10 tokens: the limit
+    assert beam_search(model, src, src_len, beam=1) == greedy(model, src, src_len)
+    assert beam_search(model, src, src_len, beam=2) == [[ScriptedModel.B]]

@@ -1,0 +1,103 @@
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from revnmt.checkpoint import save_checkpoint
+from revnmt.data import EOS, PAD, Vocabulary
+from revnmt.model import Encoded, ModelConfig, Seq2Seq
+from revnmt.translator import DataOptions, Translator, evaluate
+
+WORDS = "a man rides a red bike . two dogs play in the snow".split()
+VOCAB = Vocabulary(sorted(set(WORDS)))
+
+
+class CopyModel(nn.Module):
+    """Translates by copying the source ids (source and target vocabularies are the same)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Parameter(torch.zeros(1))  # the translator finds the device from a parameter
+
+    def encode(self, src, src_len):
+        # The state carries the position of each row and its source ids.
+        state = torch.cat([torch.zeros(len(src), 1, dtype=torch.long), src], dim=1)
+        return Encoded(torch.zeros(len(src), src.shape[1], 1), src == PAD, state)
+
+    def decode_step(self, enc, state, prev):
+        position, src = state[:, 0], state[:, 1:]
+        nxt = src.gather(1, position.clamp(max=src.shape[1] - 1).unsqueeze(1)).squeeze(1)
+        nxt = torch.where((position < src.shape[1]) & (nxt != PAD), nxt, EOS)
+        log_probs = torch.full((len(prev), len(VOCAB)), -20.0)
+        log_probs[torch.arange(len(prev)), nxt] = 0.0
+        return log_probs, torch.cat([state[:, :1] + 1, src], dim=1)
+
+    def reorder_state(self, state, index):
+        return state.index_select(0, index)
+
+
+def _copier(max_input_len=None) -> Translator:
+    return Translator(CopyModel(), VOCAB, VOCAB, DataOptions("en", "en", lowercase=True, max_len=None),
+                      max_input_len=max_input_len)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_one_output_per_line_in_input_order(beam):
+    lines = ["A man rides a red bike.", "", "Two dogs.", "   ", "\x01", "Two dogs play in the snow.", "a"]
+    expected = ["a man rides a red bike.", "", "two dogs.", "", "", "two dogs play in the snow.", "a"]
+    assert _copier().translate(lines, beam=beam, batch_size=2) == expected
+
+
+def test_unknown_words_come_out_as_unk():
+    assert _copier().translate(["A cat rides."]) == ["a <unk> rides."]
+
+
+def test_overlong_lines_are_truncated_with_a_warning(caplog):
+    lines = ["a man rides", "two dogs play in the snow .", "a red bike"]
+    with caplog.at_level(logging.WARNING):
+        outputs = _copier(max_input_len=4).translate(lines, beam=1)
+    assert outputs == ["a man rides", "two dogs play in", "a red bike"]
+    assert "truncated 1 input line(s) longer than 4 tokens: line 2" in caplog.text
+
+
+def test_input_length_limit_defaults_to_the_training_limit_then_100():
+    options = DataOptions("en", "de", lowercase=False, max_len=50)
+    assert Translator(CopyModel(), VOCAB, VOCAB, options).max_input_len == 50
+    assert Translator(CopyModel(), VOCAB, VOCAB, options, max_input_len=7).max_input_len == 7
+    no_limit = DataOptions("en", "de", lowercase=False, max_len=None)
+    assert Translator(CopyModel(), VOCAB, VOCAB, no_limit).max_input_len == 100
+
+
+def test_from_checkpoint_rebuilds_model_vocabularies_and_options(tmp_path):
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2, src_vocab=len(VOCAB),
+                      tgt_vocab=len(VOCAB))
+    model = Seq2Seq(cfg).eval()
+    data = DataOptions("en", "de", lowercase=True, max_len=5)
+    save_checkpoint(tmp_path / "best.pt", {"model_config": cfg.to_dict(), "model": model.state_dict(),
+                                           "src_vocab": VOCAB.itos, "tgt_vocab": VOCAB.itos,
+                                           "data": data.to_dict(), "trainer": {"step": 3}})
+    loaded = Translator.from_checkpoint(tmp_path, "cpu")
+    assert loaded.data == data and loaded.max_input_len == 5 and not loaded.model.training
+    assert loaded.src_vocab == VOCAB and loaded.tokenizer.lowercase
+    lines = ["Two dogs play.", "", "A man rides a red bike in the snow."]
+    assert loaded.translate(lines, beam=2) == Translator(model, VOCAB, VOCAB, data).translate(lines, beam=2)
+
+
+def test_translate_restores_training_mode():
+    translator = _copier()
+    translator.model.train()
+    translator.translate(["a man"])
+    assert translator.model.training
+
+
+def test_evaluate_reports_both_bleus_and_says_when_references_were_lowercased():
+    hyps, refs = ["ein mann fährt rad."], ["Ein Mann fährt Rad."]
+    cased = evaluate(hyps, refs, DataOptions("en", "de", lowercase=False, max_len=None))
+    lowered = evaluate(hyps, refs, DataOptions("en", "de", lowercase=True, max_len=None))
+    assert lowered.sacrebleu.score == pytest.approx(100.0)
+    assert cased.sacrebleu.score < 50
+    assert lowered.tokenized_bleu == cased.tokenized_bleu == pytest.approx(100.0)
+    assert "references lowercased" in lowered.lines()[0] and "signature" in lowered.lines()[0]
+    assert "references lowercased" not in cased.lines()[0]

@@ -1,0 +1,103 @@
+import json
+import logging
+
+import torch
+
+from revnmt.checkpoint import load_checkpoint
+from revnmt.data import Vocabulary
+from revnmt.training.trainer import VALID_COLUMNS
+
+CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
+                   "rng", "args"}
+
+
+def _same_tensors(a, b) -> bool:
+    """Exact equality of nested state (dicts, lists, tensors, numbers)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_tensors(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+def test_interrupted_run_resumes_exactly(train, tmp_path):
+    # 7 batches per epoch: the run is cut inside epoch 1 and continues past an end-of-epoch
+    # validation (LR schedule, patience) into epoch 2; dropout draws from the restored RNG.
+    options = ["--dropout", "0.3", "--epochs", "3"]
+    assert train(tmp_path / "cut", *options, "--max-steps", "3") == 0
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["trainer"]["step"] == 3
+    assert train(tmp_path / "cut", *options, "--max-steps", "10") == 0
+    assert train(tmp_path / "whole", *options, "--max-steps", "10") == 0
+
+    cut, whole = (load_checkpoint(tmp_path / run / "last.pt") for run in ("cut", "whole"))
+    assert _same_tensors(cut["model"], whole["model"])
+    assert _same_tensors(cut["optimizer"], whole["optimizer"])
+    assert cut["scheduler"] == whole["scheduler"]
+    assert _same_tensors(cut["rng"], whole["rng"])
+    for state in (cut["trainer"], whole["trainer"]):
+        del state["elapsed_s"], state["best_bleu"], state["best_step"]  # the extra validation may find a best
+    assert cut["trainer"] == whole["trainer"] == {**cut["trainer"], "epoch": 2, "batch_in_epoch": 3, "step": 10}
+
+
+def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp_path):
+    run = tmp_path / "run"
+    assert train(run, "--max-steps", "4", "--test", toy["test"], "--test-beam", "2") == 0
+    assert {p.name for p in run.iterdir()} == {"config.json", "src.vocab", "tgt.vocab", "last.pt", "best.pt",
+                                               "train.log", "valid.tsv", "test.hyp"}
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"] == toy["train"] and config["lowercase"] is False and config["hidden_size"] == 16
+
+    checkpoint = load_checkpoint(run / "best.pt")  # weights_only
+    assert set(checkpoint) == CHECKPOINT_KEYS
+    assert checkpoint["data"] == {"src": "en", "tgt": "de", "lowercase": False, "max_len": 50}
+    assert Vocabulary.load(run / "src.vocab").itos == checkpoint["src_vocab"]
+    assert Vocabulary.load(run / "tgt.vocab").itos == checkpoint["tgt_vocab"]
+    assert "man" in checkpoint["src_vocab"] and "mann" in checkpoint["tgt_vocab"]
+
+    rows = [line.split("\t") for line in (run / "valid.tsv").read_text().splitlines()]
+    assert tuple(rows[0]) == VALID_COLUMNS and len(rows) == 2 and rows[1][:2] == ["1", "4"]
+    log = (run / "train.log").read_text()
+    assert "epoch 1 | step 2 | batch 2/7 | loss" in log and "dev sacreBLEU: BLEU = " in log
+    assert "test (" in log and "signature" in log
+    assert len((run / "test.hyp").read_text().splitlines()) == 10
+
+
+def test_finished_run_is_not_trained_again(train, tmp_path):
+    assert train(tmp_path / "run", "--max-steps", "2") == 0
+    before = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert train(tmp_path / "run", "--max-steps", "2") == 0
+    assert _same_tensors(load_checkpoint(tmp_path / "run" / "last.pt")["model"], before["model"])
+
+
+def test_patience_and_min_lr_stop_training(train, tmp_path, caplog):
+    # At these learning rates nothing changes, so neither dev BLEU nor dev loss improves after epoch 1.
+    with caplog.at_level(logging.INFO):
+        assert train(tmp_path / "patience", "--lr", "1e-9", "--min-lr", "1e-10", "--patience", "1") == 0
+    assert "no dev BLEU improvement in 1 epochs (--patience 1)" in caplog.text
+    assert load_checkpoint(tmp_path / "patience" / "last.pt")["trainer"]["epoch"] == 3
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert train(tmp_path / "min_lr", "--optimizer", "sgd", "--lr", "1e-6", "--min-lr", "6e-7") == 0
+    assert "learning rate 5.00e-07 is below --min-lr 6e-07" in caplog.text
+
+
+def test_data_errors_are_one_line_messages(train, tmp_path, capsys):
+    (tmp_path / "short.en").write_text("a man\nthe dog\n")
+    (tmp_path / "short.de").write_text("ein mann\n")
+    for prefix, message in ((str(tmp_path / "missing"), "no 'en' side of corpus"),
+                            (str(tmp_path / "short"), "parallel files differ in length")):
+        assert train(tmp_path / "run", train_prefix=prefix) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 2  # command + error
+    assert train(tmp_path / "run", "--min-freq", "1000") == 2
+    assert "no en token occurs --min-freq 1000 times" in capsys.readouterr().err
+
+
+def test_resuming_with_other_options_is_refused(train, tmp_path, capsys):
+    assert train(tmp_path / "run", "--max-steps", "1") == 0
+    capsys.readouterr()
+    assert train(tmp_path / "run", "--max-steps", "2", "--batch-size", "16", "--hidden-size", "32") == 2
+    err = capsys.readouterr().err
+    assert "--batch-size 32 (now 16)" in err and "--hidden-size 16 (now 32)" in err

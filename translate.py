@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Translate raw text with a trained checkpoint: one output line per input line.
+
+    python translate.py --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--reference test.de]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from revnmt.data import atomic_write_bytes, read_lines
+from revnmt.translator import Translator, evaluate
+
+logger = logging.getLogger("translate")
+
+_MAX_REPORTED_LINES = 5  # line numbers a decoding warning lists before it only counts
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="translate.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="checkpoint file, or run directory (its best.pt)")
+    parser.add_argument("-i", "--input", metavar="FILE",
+                        help="raw source text, one sentence per line (default: stdin)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="where translations go, written atomically (default: stdout)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size, 1 for greedy search (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--reference", metavar="FILE", help="raw reference translations: print BLEU to stderr")
+    parser.add_argument("--max-len", type=int, metavar="N",
+                        help="truncate inputs to this many tokens (default: the training --max-len, else 100)")
+    args = parser.parse_args(argv)
+    for name in ("beam", "batch_size", "max_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available (use --device cpu)")
+    return args
+
+
+def decode_input(stream: BinaryIO, name: str) -> list[str]:
+    """Lines of a byte stream as UTF-8, invalid bytes replaced by U+FFFD and reported on stderr.
+
+    Splits on "\\n" only (and drops a "\\r" before it), like revnmt.data.read_lines: other line
+    separators (U+2028, U+0085) inside a sentence must not create extra output lines.
+    """
+    raw_lines = stream.read().split(b"\n")
+    if raw_lines[-1] == b"":
+        raw_lines.pop()
+    lines, bad = [], []
+    for number, raw in enumerate(raw_lines, start=1):
+        raw = raw.removesuffix(b"\r")
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(raw.decode("utf-8", errors="replace"))
+            bad.append(number)
+    if bad:
+        more = f" and {len(bad) - _MAX_REPORTED_LINES} more" if len(bad) > _MAX_REPORTED_LINES else ""
+        logger.warning("%s: %d line(s) with invalid UTF-8 (replaced by U+FFFD): line %s%s", name, len(bad),
+                       ", ".join(map(str, bad[:_MAX_REPORTED_LINES])), more)
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="translate.py: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        if args.output is not None and not Path(args.output).resolve().parent.is_dir():
+            raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
+        if args.input is not None:
+            with open(args.input, "rb") as f:
+                lines = decode_input(f, args.input)
+        references = read_lines(args.reference) if args.reference else None
+        # Before stdin is read: a bad checkpoint should not wait for the user's input to fail.
+        translator = Translator.from_checkpoint(args.checkpoint, args.device, args.max_len)
+        if args.input is None:
+            if sys.stdin.isatty():
+                logger.info("reading sentences from the terminal until end of input (Ctrl-D)")
+            lines = decode_input(sys.stdin.buffer, "stdin")
+        if references is not None and len(references) != len(lines):
+            raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}")
+    # Missing or unreadable files are the user's to fix: one line, no traceback.
+    except (OSError, ValueError, RuntimeError) as error:
+        print(f"translate.py: error: {error}", file=sys.stderr)
+        return 2
+
+    hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size, progress=sys.stderr.isatty())
+    data = "".join(f"{hyp}\n" for hyp in hyps).encode("utf-8")
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        atomic_write_bytes(args.output, data)
+    if references is not None and lines:
+        for line in evaluate(hyps, references, translator.data).lines():
+            print(line, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
