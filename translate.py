@@ -11,16 +11,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
-from revnmt.data import atomic_write_bytes, read_lines
+from revnmt.data import atomic_write_bytes, decode_lines, read_lines
 from revnmt.translator import Translator, evaluate
 
 logger = logging.getLogger("translate")
-
-_MAX_REPORTED_LINES = 5  # line numbers a decoding warning lists before it only counts
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -48,30 +45,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def decode_input(stream: BinaryIO, name: str) -> list[str]:
-    """Lines of a byte stream as UTF-8, invalid bytes replaced by U+FFFD and reported on stderr.
-
-    Splits on "\\n" only (and drops a "\\r" before it), like revnmt.data.read_lines: other line
-    separators (U+2028, U+0085) inside a sentence must not create extra output lines.
-    """
-    raw_lines = stream.read().split(b"\n")
-    if raw_lines[-1] == b"":
-        raw_lines.pop()
-    lines, bad = [], []
-    for number, raw in enumerate(raw_lines, start=1):
-        raw = raw.removesuffix(b"\r")
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            lines.append(raw.decode("utf-8", errors="replace"))
-            bad.append(number)
-    if bad:
-        more = f" and {len(bad) - _MAX_REPORTED_LINES} more" if len(bad) > _MAX_REPORTED_LINES else ""
-        logger.warning("%s: %d line(s) with invalid UTF-8 (replaced by U+FFFD): line %s%s", name, len(bad),
-                       ", ".join(map(str, bad[:_MAX_REPORTED_LINES])), more)
-    return lines
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="translate.py: %(levelname)s: %(message)s", stream=sys.stderr)
@@ -79,15 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.output is not None and not Path(args.output).resolve().parent.is_dir():
             raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
         if args.input is not None:
-            with open(args.input, "rb") as f:
-                lines = decode_input(f, args.input)
+            lines = read_lines(args.input)
         references = read_lines(args.reference) if args.reference else None
         # Before stdin is read: a bad checkpoint should not wait for the user's input to fail.
         translator = Translator.from_checkpoint(args.checkpoint, args.device, args.max_len)
         if args.input is None:
             if sys.stdin.isatty():
                 logger.info("reading sentences from the terminal until end of input (Ctrl-D)")
-            lines = decode_input(sys.stdin.buffer, "stdin")
+            lines = decode_lines(sys.stdin.buffer.read(), "stdin")
         if references is not None and len(references) != len(lines):
             raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}")
     # Missing or unreadable files are the user's to fix: one line, no traceback.

@@ -32,6 +32,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp makes 0600 files; checkpoints are meant to be shared
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -21,14 +21,15 @@ class BleuResult:
         return f"BLEU = {self.score:.2f} (signature: {self.signature})"
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
-    """sacreBLEU with its default settings (13a tokenization, mixed case) on detokenized text.
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> BleuResult:
+    """sacreBLEU (13a tokenization) on detokenized text; ``lowercase`` for lowercasing models,
+    which then shows in the signature as ``case:lc``.
 
     This is the number to report: sacreBLEU tokenizes both sides itself, so scores computed by
     different systems with the same signature are comparable.
     """
     _check_counts(hypotheses, references)
-    bleu = BLEU()
+    bleu = BLEU(lowercase=lowercase)
     score = bleu.corpus_score(list(hypotheses), [list(references)]).score
     return BleuResult(score=score, signature=str(bleu.get_signature()))
 
@@ -46,7 +47,7 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: s
     hyps = [" ".join(tokenizer.tokenize(line)) for line in hypotheses]
     refs = [" ".join(tokenizer.tokenize(line)) for line in references]
     # multi-bleu.perl neither re-tokenizes nor smooths: one n-gram order without a match gives 0.
-    bleu = BLEU(tokenize="none", smooth_method="none")
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True)  # tokenized on purpose
     return bleu.corpus_score(hyps, [refs]).score
 
 

@@ -115,20 +115,17 @@ class Evaluation:
 
     sacrebleu: BleuResult
     tokenized_bleu: float  # the paper's metric: Moses-tokenized, lowercased, multi-bleu.perl style
-    lowercased_references: bool
 
     def lines(self) -> list[str]:
         """Both scores as printable lines, each saying what it is."""
-        label = "sacreBLEU (references lowercased)" if self.lowercased_references else "sacreBLEU"
-        return [f"{label}: {self.sacrebleu}", f"tokenized lowercased BLEU (paper): {self.tokenized_bleu:.2f}"]
+        return [f"sacreBLEU: {self.sacrebleu}", f"tokenized lowercased BLEU (paper): {self.tokenized_bleu:.2f}"]
 
 
 def evaluate(hypotheses: Sequence[str], references: Sequence[str], data: DataOptions) -> Evaluation:
     """sacreBLEU with its signature, and the paper's tokenized lowercased BLEU.
 
-    A lowercasing model cannot produce capitals, so for it sacreBLEU compares with lowercased
-    references (``Evaluation.lines`` says so: sacreBLEU's own signature does not record it).
+    A lowercasing model cannot produce capitals, so for it sacreBLEU is case-insensitive
+    (``case:lc`` in the signature).
     """
-    refs = [ref.lower() for ref in references] if data.lowercase else list(references)
-    return Evaluation(corpus_bleu(hypotheses, refs), tokenized_bleu(hypotheses, references, data.tgt),
-                      data.lowercase)
+    return Evaluation(corpus_bleu(hypotheses, references, lowercase=data.lowercase),
+                      tokenized_bleu(hypotheses, references, data.tgt))

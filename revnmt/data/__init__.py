@@ -1,7 +1,7 @@
 """Data pipeline: raw parallel text -> Moses tokens -> vocabulary ids -> padded batches."""
 
 from revnmt.data.batching import Batch, BatchSampler, EncodedDataset, Example, make_batch, sorted_batches
-from revnmt.data.corpus import ParallelCorpus, atomic_write_bytes, load_parallel, read_lines
+from revnmt.data.corpus import ParallelCorpus, atomic_write_bytes, decode_lines, load_parallel, read_lines
 from revnmt.data.multi30k import MULTI30K_SPLITS, find_multi30k, multi30k_prefix
 from revnmt.data.tokenization import Detokenizer, Tokenizer
 from revnmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocabulary
@@ -27,5 +27,6 @@ __all__ = [
     "make_batch",
     "multi30k_prefix",
     "read_lines",
+    "decode_lines",
     "sorted_batches",
 ]

@@ -26,19 +26,22 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
         raise FileNotFoundError(f"text file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        data = f.read()
+        return decode_lines(f.read(), str(path))
 
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """Split UTF-8 bytes into lines; invalid UTF-8 becomes U+FFFD and is logged with the line
+    numbers (``name`` says where the bytes came from: a file, or stdin)."""
     # Split the bytes on b"\n" only: str.splitlines() would also break on U+2028, U+0085, "\r",
     # etc., which occur in web text and would silently misalign the two sides of a corpus.
     raw_lines = data.split(b"\n")
     if raw_lines[-1] == b"":
-        raw_lines.pop()  # the file's final newline terminates the last line, it does not start one
+        raw_lines.pop()  # the final newline terminates the last line, it does not start one
 
     lines: list[str] = []
     bad_lines: list[int] = []
     for number, raw in enumerate(raw_lines, start=1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
+        raw = raw.removesuffix(b"\r")
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError:
@@ -48,7 +51,7 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
         shown = ", ".join(map(str, bad_lines[:_MAX_REPORTED_LINES]))
         more = f" and {len(bad_lines) - _MAX_REPORTED_LINES} more" if len(bad_lines) > _MAX_REPORTED_LINES else ""
         logger.warning(
-            "%s: invalid UTF-8 replaced by U+FFFD on %d line(s): %s%s", path, len(bad_lines), shown, more
+            "%s: invalid UTF-8 replaced by U+FFFD on %d line(s): %s%s", name, len(bad_lines), shown, more
         )
     return lines
 
@@ -64,6 +67,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp_name, 0o644)  # mkstemp makes 0600 files; outputs are meant to be shared
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

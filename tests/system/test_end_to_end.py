@@ -66,7 +66,7 @@ def test_train_resume_translate(corpus, tmp_path):
     assert translated.returncode == 0, translated.stderr.decode()
     assert len(out.read_text(encoding="utf-8").splitlines()) == SIZES["test"]
     err = translated.stderr.decode()
-    assert "sacreBLEU (references lowercased): BLEU = " in err and "(signature: nrefs:1|" in err
+    assert "sacreBLEU: BLEU = " in err and "(signature: nrefs:1|case:lc|" in err
     assert "tokenized lowercased BLEU (paper): " in err
 
 
@@ -82,7 +82,7 @@ def test_translate_reads_stdin_and_reports_bad_input(corpus, tmp_path):
     assert translated.returncode == 0, translated.stderr.decode()
     outputs = translated.stdout.decode("utf-8").split("\n")
     assert len(outputs) == 4 + 1 and outputs[1] == "" and outputs[-1] == ""  # one line each, newline-terminated
-    assert "stdin: 1 line(s) with invalid UTF-8 (replaced by U+FFFD): line 3" in translated.stderr.decode()
+    assert "stdin: invalid UTF-8 replaced by U+FFFD on 1 line(s): 3" in translated.stderr.decode()
 
     for args in (["--checkpoint", str(tmp_path / "nowhere")], ["--checkpoint", str(run), "-i", "missing.txt"]):
         failed = _run("translate.py", *args, stdin=b"")
