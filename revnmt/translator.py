@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
 from revnmt.data import PAD, SPECIALS, Detokenizer, Tokenizer, Vocabulary, sorted_batches
-from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.model import Seq2Seq
 from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
 from revnmt.search import beam_search, greedy
 
@@ -53,8 +53,7 @@ class Translator:
         (its ``best.pt``, else ``last.pt``)."""
         path = resolve_checkpoint(path_or_dir)
         state = load_checkpoint(path, map_location="cpu")
-        model = Seq2Seq(ModelConfig(**state["model_config"]))
-        model.load_state_dict(state["model"])
+        model = Seq2Seq.from_checkpoint_state(state)
         vocabs = [Vocabulary(state[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
         step = state.get("trainer", {}).get("step")
         logger.info("loaded %s%s", path, "" if step is None else f" (step {step})")

@@ -85,6 +85,13 @@ class Seq2Seq(nn.Module):
             self.src_emb.weight[PAD].zero_()
             self.tgt_emb.weight[PAD].zero_()
 
+    @classmethod
+    def from_checkpoint_state(cls, state: dict) -> Seq2Seq:
+        """The trained model of a checkpoint dict (keys ``model_config`` and ``model``), on CPU."""
+        model = cls(ModelConfig(**state["model_config"]))
+        model.load_state_dict(state["model"])
+        return model
+
     # ------------------------------------------------------------------ shared pieces
 
     def draw_masks(self, batch: int, device: torch.device) -> DropoutMasks:

@@ -52,7 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py", description="Train an attention encoder-decoder with reversible (or ordinary) RNNs. "
         "Running the same command again resumes from SAVE_DIR/last.pt.",
         formatter_class=_HelpFormatter)
+    add_data_options(parser)
+    add_model_options(parser)
+    add_optimization_options(parser)
+    add_run_options(parser)
+    return parser
 
+
+def add_data_options(parser: argparse.ArgumentParser) -> None:
+    """The data options of train.py (shared with ``python -m revnmt.memory``)."""
     data = parser.add_argument_group("data")
     data.add_argument("--data", choices=["multi30k"], help="a known data set (the default without --train)")
     data.add_argument("--data-dir", help="folder holding Multi30K (default: searched for, else downloaded)")
@@ -70,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max-vocab", type=_positive_int, help="vocabulary: most frequent tokens kept (no limit)")
     data.add_argument("--train-limit", type=_positive_int, metavar="N", help="train on the first N pairs only")
 
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The model options of train.py (shared with ``python -m revnmt.memory``)."""
     model = parser.add_argument_group("model")
     defaults = ModelConfig()
     model.add_argument("--rnn", choices=RNN_TYPES, default=defaults.rnn, help="reversible or ordinary cells")
@@ -86,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
                        help="information-buffer lanes per sentence (reversible RNNs)")
 
+
+
+def add_optimization_options(parser: argparse.ArgumentParser) -> None:
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--optimizer", choices=sorted(DEFAULT_LR), default="adam", help="update rule")
     opt.add_argument("--lr", type=_positive_float, help="learning rate (default: 1e-3 for adam, 1.0 for sgd)")
@@ -102,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--patience", type=_positive_int, default=5, help="epochs without dev-BLEU improvement "
                      "before stopping")
 
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument("--save-dir", required=True, help="checkpoints, vocabularies, logs")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:N")
@@ -110,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--test-beam", type=_positive_int, default=5, help="beam for the test set")
     run.add_argument("--log-every", type=_positive_int, default=100, help="steps between log lines")
     run.add_argument("--save-every", type=_positive_int, help="also save last.pt every N steps")
-    return parser
 
 
 def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> ModelConfig:
@@ -126,10 +143,8 @@ def eval_batch_size(args: argparse.Namespace) -> int:
     return args.batch_size or DEFAULT_BATCH_SIZE
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and check train.py's options, resolving the defaults that depend on other options."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def resolve_data_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the data options and fill the defaults that depend on others (Multi30K, lowercasing)."""
     if args.train or args.valid:
         if args.data or args.data_dir:
             parser.error("give either --data/--data-dir or --train/--valid, not both")
@@ -139,6 +154,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.data = "multi30k"
     if args.lowercase is None:
         args.lowercase = args.data == "multi30k"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and check train.py's options, resolving the defaults that depend on other options."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_data_options(parser, args)
     if args.lr is None:
         args.lr = DEFAULT_LR[args.optimizer]
     if args.batch_size is None and args.batch_tokens is None:

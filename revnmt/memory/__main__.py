@@ -1,0 +1,80 @@
+"""python -m revnmt.memory: how much activation memory a model saves, on real batches.
+
+    python -m revnmt.memory [train.py's data and model options] [--checkpoint RUN] [--batches N] [--json FILE]
+
+With ``--checkpoint`` the trained model's gates (and its vocabularies and options) are used:
+forgetting depends on the learned gates, so that is the figure to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
+from revnmt.data import BatchSampler, make_batch
+from revnmt.memory.report import format_report, memory_report
+from revnmt.model import Seq2Seq
+from revnmt.training.data import load_data
+from revnmt.training.options import add_data_options, add_model_options, model_config, resolve_data_options
+
+logger = logging.getLogger("revnmt.memory")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m revnmt.memory", description=__doc__.split("\n")[0])
+    add_data_options(parser)
+    add_model_options(parser)
+    parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
+                        "model, vocabularies and data options replace the model options")
+    parser.add_argument("--batches", type=int, default=20, help="training batches measured (default: 20)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the report to this file")
+    args = parser.parse_args(argv)
+    args.test = None
+    resolve_data_options(parser, args)
+    if args.batches < 1 or args.batch_size < 1:
+        parser.error("--batches and --batch-size must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="revnmt.memory: %(message)s", stream=sys.stderr)
+    torch.manual_seed(args.seed)
+    try:
+        state = load_checkpoint(resolve_checkpoint(args.checkpoint)) if args.checkpoint else None
+        if state is not None:  # the checkpoint decides how text becomes ids
+            vars(args).update(lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
+        data = load_data(args, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
+        model = (Seq2Seq.from_checkpoint_state(state) if state is not None
+                 else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
+    except (OSError, ValueError, RuntimeError, KeyError) as error:
+        print(f"python -m revnmt.memory: error: {error}", file=sys.stderr)
+        return 2
+    if not model.cfg.reversible:
+        print("python -m revnmt.memory: error: --rnn must be revgru or revlstm; the report compares it "
+              "with the ordinary model of the same size", file=sys.stderr)
+        return 2
+    sampler = BatchSampler(data.train.lengths, batch_size=args.batch_size, seed=args.seed)
+    batches = [make_batch(data.train, idx).to(args.device) for idx in sampler.batches(0)[: args.batches]]
+    logger.info("measuring %s %s attention on %d batches of %d sentences (%s)", model.cfg.rnn,
+                model.cfg.attention, len(batches), args.batch_size, args.device)
+    report = memory_report(model.to(args.device), batches)
+    report["config"] = model.cfg.to_dict()
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
