@@ -1,6 +1,6 @@
 """What a training run shows: logging to train.log and the console, and per-step progress.
 
-On a terminal each epoch gets a tqdm bar (tokens/s, loss, lr); otherwise (log files, CI) a plain
+On a terminal each epoch gets a tqdm bar (tokens/s, loss, lr, peak memory); otherwise (log files, CI) a plain
 log line every ``--log-every`` steps, since a bar redrawn with carriage returns makes logs unreadable.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from contextlib import contextmanager
 import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
+
+from revnmt.memory.sizes import format_bytes
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 BAR_REFRESH_S = 1.0  # at most this often the bar's loss is read back (a device sync)
@@ -97,4 +100,13 @@ class StepReporter:
     def _summary(self) -> str:
         loss = float(self._loss) / max(self._tokens, 1)
         rate = self._tokens / max(time.monotonic() - self._start, 1e-9)
-        return f"loss {loss:.3f} | ppl {math.exp(min(loss, 50)):.1f} | lr {self._lr:.2e} | {rate:.0f} tok/s"
+        return (f"loss {loss:.3f} | ppl {math.exp(min(loss, 50)):.1f} | lr {self._lr:.2e} | {rate:.0f} tok/s | "
+                f"{peak_memory()}")
+
+
+def peak_memory() -> str:
+    """The run's peak memory so far, labelled with what measured it (they are not comparable)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return f"peak {format_bytes(torch.cuda.max_memory_allocated())} CUDA allocated"
+    # ru_maxrss is in KiB on Linux: the whole process (interpreter, libraries, data), not activations
+    return f"peak RSS {format_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}"
