@@ -42,12 +42,13 @@ def _time(fn, device, repeats):
     return 1000 * statistics.median(times)
 
 
-def bench_case(cell: str, steps: int, batch: int, hidden: int, device: torch.device, repeats: int) -> dict:
+def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int, device: torch.device,
+               repeats: int) -> dict:
     torch.manual_seed(0)
     x = torch.randn(steps, batch, hidden, device=device, requires_grad=True)
     w = torch.randn(steps, batch, hidden, device=device)
     mask = torch.ones(steps, batch, dtype=torch.bool, device=device)
-    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3).to(device)
+    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_lanes=lanes).to(device)
     ordinary = OrdinaryRNN(cell, hidden, hidden).to(device)
 
     def rev_step():
@@ -60,7 +61,7 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, device: torch.dev
         (out * w).sum().backward()
 
     rev_ms, ord_ms = _time(rev_step, device, repeats), _time(ordinary_step, device, repeats)
-    return {"cell": "rev" + cell, "T": steps, "reversible_ms": rev_ms, "ordinary_ms": ord_ms, "ratio": rev_ms / ord_ms}
+    return {"cell": "rev" + cell, "T": steps, "buffer_lanes": lanes, "reversible_ms": rev_ms, "ordinary_ms": ord_ms, "ratio": rev_ms / ord_ms}
 
 
 def main() -> None:
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=300)
     parser.add_argument("--steps", type=int, nargs="+", default=[14, 50])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--buffer-lanes", type=int, nargs="+", default=[16],
+                        help="buffer lanes per row to time (fewer: less memory, more push calls)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -80,13 +83,14 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     report = {"device": name, "batch": args.batch, "hidden": args.hidden, "cases": []}
     print(f"training step (forward + backward), batch {args.batch}, {args.hidden} units, 1 layer, on {name}")
-    print(f"{'cell':8s} {'T':>4s} {'reversible ms':>14s} {'ordinary ms':>12s} {'ratio':>6s}")
+    print(f"{'cell':8s} {'T':>4s} {'lanes':>5s} {'reversible ms':>14s} {'ordinary ms':>12s} {'ratio':>6s}")
     for cell in ("gru", "lstm"):
         for steps in args.steps:
-            case = bench_case(cell, steps, args.batch, args.hidden, device, args.repeats)
-            report["cases"].append(case)
-            print(f"{case['cell']:8s} {steps:4d} {case['reversible_ms']:14.1f} {case['ordinary_ms']:12.1f} "
-                  f"{case['ratio']:6.2f}")
+            for lanes in args.buffer_lanes:
+                case = bench_case(cell, steps, args.batch, args.hidden, lanes, device, args.repeats)
+                report["cases"].append(case)
+                print(f"{case['cell']:8s} {steps:4d} {lanes:5d} {case['reversible_ms']:14.1f} "
+                      f"{case['ordinary_ms']:12.1f} {case['ratio']:6.2f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_data_options(parser)
     add_model_options(parser)
     parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
-                        "model, vocabularies and data options replace the model options")
+                        "model, vocabularies and data options replace the model options (but --buffer-lanes)")
     parser.add_argument("--batches", type=int, default=20, help="training batches measured (default: 20)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -55,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if state is not None:  # the checkpoint decides how text becomes ids
             vars(args).update(lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
         data = load_data(args, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
+        if state is not None:
+            # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies.
+            state["model_config"]["buffer_lanes"] = args.buffer_lanes
         model = (Seq2Seq.from_checkpoint_state(state) if state is not None
                  else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
     except (OSError, ValueError, RuntimeError, KeyError) as error:

@@ -22,7 +22,7 @@ class ModelConfig:
     attention: str = "emb+slice"
     slice_dim: int = 20
     max_forget_bits: int | None = 3
-    buffer_lanes: int = 32
+    buffer_lanes: int = 16
     src_vocab: int = 0
     tgt_vocab: int = 0
 

@@ -20,6 +20,7 @@ graphs kept): the reference that reversal's gradients are tested against.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -100,7 +101,7 @@ class ReversibleRNN(nn.Module):
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
-                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int = 32) -> None:
+                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int = 16) -> None:
         super().__init__()
         if cell not in REV_CELLS:
             raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
@@ -125,8 +126,16 @@ class ReversibleRNN(nn.Module):
         return [torch.zeros(batch, self.state_size, dtype=torch.int32, device=device) for _ in self.cells]
 
     def new_buffer(self, batch: int, device: torch.device) -> InformationBuffer:
-        """The information buffer a forward sweep over ``batch`` rows pushes onto."""
-        return InformationBuffer(batch, min(self.buffer_lanes, self.cells[0].half), device, self.max_forget_bits)
+        """The information buffer a forward sweep over ``batch`` rows pushes onto.
+
+        A half of H/2 columns is folded onto the lanes in ⌈(H/2) / buffer_lanes⌉ chunks; the lane
+        count is then evened out (150 columns on "16" lanes: 10 chunks of 15) so that every lane
+        takes the same number of columns. Words are added for all lanes when the fullest one
+        overflows, so an unevenly loaded lane would set the size of all of them.
+        """
+        half = self.cells[0].half
+        lanes = math.ceil(half / math.ceil(half / min(self.buffer_lanes, half)))
+        return InformationBuffer(batch, lanes, device, self.max_forget_bits)
 
     def draw_dropout(self, batch: int, device: torch.device) -> list[torch.Tensor | None]:
         """Inverted-dropout masks for the inputs of layers 1…L−1, one per batch (locked over time)."""
