@@ -97,6 +97,12 @@ class EncodedDataset:
     def __len__(self) -> int:
         return len(self.src_lengths)
 
+    def subset(self, keep: np.ndarray) -> EncodedDataset:
+        """The pairs where the boolean array ``keep`` is True (the others count as filtered)."""
+        index = np.flatnonzero(keep)
+        return EncodedDataset([self[i].src for i in index], [self[i].tgt for i in index],
+                              self.n_filtered + len(self) - len(index), self.corpus_indices[index])
+
     def __getitem__(self, i: int) -> Example:
         return Example(
             src=self._src[self._src_offsets[i] : self._src_offsets[i + 1]],

@@ -19,10 +19,13 @@ import torch
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
 from revnmt.data import BatchSampler, make_batch
-from revnmt.memory.report import format_report, memory_report
+from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, plan_budget
+from revnmt.memory.report import format_report, memory_report, ordinary_counterpart
+from revnmt.memory.sizes import format_bytes
 from revnmt.model import Seq2Seq
 from revnmt.training.data import load_data
-from revnmt.training.options import add_data_options, add_model_options, model_config, resolve_data_options
+from revnmt.training.options import (add_data_options, byte_size, add_model_options, model_config,
+                                     resolve_data_options)
 
 logger = logging.getLogger("revnmt.memory")
 
@@ -38,12 +41,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the report to this file")
+    parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE", help="also report the token batch "
+                        "each model fits under this budget (e.g. 2GiB), as train.py --memory-budget chooses it")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default="adam",
+                        help="optimizer state counted by --memory-budget (default: adam)")
     args = parser.parse_args(argv)
     args.test = None
     resolve_data_options(parser, args)
     if args.batches < 1 or args.batch_size < 1:
         parser.error("--batches and --batch-size must be positive")
     return args
+
+
+def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
+    """The token batch the model and its ordinary counterpart each fit under ``--memory-budget``."""
+    fits, measured_by = {}, ""
+    for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
+        candidate = model if name == "reversible" else Seq2Seq(cfg).to(args.device)
+        plan = plan_budget(candidate, args.memory_budget, args.optimizer, int(lengths.min()), int(lengths.max()),
+                           torch.device(args.device))
+        fits[name], measured_by = plan.batch_tokens, plan.measured_by
+    return {"bytes": args.memory_budget, "batch_tokens": fits, "measured_by": measured_by}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = memory_report(model.to(args.device), batches)
     report["config"] = model.cfg.to_dict()
     print(format_report(report))
+    if args.memory_budget is not None:
+        try:
+            report["budget"] = budget_report(model, args, data.train.lengths)
+        except BudgetError as error:
+            print(f"python -m revnmt.memory: error: {error}", file=sys.stderr)
+            return 2
+        fits = report["budget"]["batch_tokens"]
+        print(f"tokens per batch under a {format_bytes(args.memory_budget)} budget ({args.optimizer}, "
+              f"{report['budget']['measured_by']}): reversible {fits['reversible']:,}, ordinary "
+              f"{fits['ordinary']:,} ({fits['reversible'] / fits['ordinary']:.1f}x)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

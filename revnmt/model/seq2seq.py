@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from buffers import to_float
@@ -31,6 +30,7 @@ from revnmt.rnn.ordinary import OrdinaryRNN
 from .attention import GeneralAttention
 from .config import ModelConfig
 from .embeddings import EmbeddedTokens
+from .loss import linear_cross_entropy, logit_work_bytes
 
 LOSS_CHUNK_STEPS = 8  # decoder steps whose logits exist at once in ordinary training
 
@@ -56,6 +56,15 @@ class Encoded:
     state: object  # reversible: list of int states; ordinary: h or (h, c)
 
 
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def _chunks(steps: int) -> list[slice]:
+    """Time slices of LOSS_CHUNK_STEPS decoder steps: the logits that exist at once."""
+    return [slice(start, start + LOSS_CHUNK_STEPS) for start in range(0, steps, LOSS_CHUNK_STEPS)]
+
+
 def _locked_dropout(p: float, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.bernoulli(torch.full(shape, 1 - p, device=device)) / (1 - p)
 
@@ -79,6 +88,7 @@ class Seq2Seq(nn.Module):
             self.decoder = OrdinaryRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout)
         self.attention = GeneralAttention(cfg.hidden_size, cfg.memory_dim)
         self.generator = nn.Linear(cfg.hidden_size, cfg.tgt_vocab)
+        self.last_held_bytes = 0  # bytes the last train_step held outside autograd (memory accounting)
         for p in self.parameters():  # the paper's initialisation, U(±0.1) everywhere
             nn.init.uniform_(p, -0.1, 0.1)
         with torch.no_grad():
@@ -121,9 +131,9 @@ class Seq2Seq(nn.Module):
                   target: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of decoder outputs ([B, H] or [B, t, H]) against ``target``."""
         query = out if masks.out is None else out * (masks.out if out.dim() == 2 else masks.out[:, None])
-        logits = self.generator(self.attention(query, memory, pad_mask))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=PAD,
-                               reduction="sum")
+        attended = self.attention(query, memory, pad_mask)
+        return linear_cross_entropy(attended.reshape(-1, attended.shape[-1]), self.generator.weight,
+                                    self.generator.bias, target.reshape(-1), ignore_index=PAD)
 
     # ------------------------------------------------------------------ training
 
@@ -156,6 +166,12 @@ class Seq2Seq(nn.Module):
         memory_leaf = memory.detach().requires_grad_()
         pad_mask = (src == PAD).t()
         total = torch.zeros((), device=src.device)
+        # Held outside autograd's saved tensors during the backward sweeps (memory accounting):
+        # the buffers, the stored slices (int and float) and the gradient of the attention memory.
+        # The memory itself is saved by the attention and counted there.
+        self.last_held_bytes = (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
+                                + 2 * _nbytes(enc_tape.slices) + _nbytes(memory)
+                                + self._logit_work_bytes(src.shape[1]))
 
         def output_grad(t: int, out: torch.Tensor) -> torch.Tensor:
             nonlocal total
@@ -197,16 +213,22 @@ class Seq2Seq(nn.Module):
         # Logits for all target tokens at once ([T, B, V]) would dwarf the hidden states; the loss
         # runs on detached leaves a few steps at a time, then the leaves' gradients flow back once.
         out_leaf, memory_leaf = dec_out.detach().requires_grad_(), memory.detach().requires_grad_()
+        # the leaves' gradients (the leaves themselves are saved by the loss and counted there)
+        self.last_held_bytes = (_nbytes(dec_out) + _nbytes(memory)
+                                + self._logit_work_bytes(src.shape[1] * min(LOSS_CHUNK_STEPS, dec_out.shape[0])))
         pad_mask = (src == PAD).t()
         total = torch.zeros((), device=src.device)
-        for start in range(0, dec_out.shape[0], LOSS_CHUNK_STEPS):
-            chunk = slice(start, start + LOSS_CHUNK_STEPS)
+        for chunk in _chunks(dec_out.shape[0]):
             loss = self.step_loss(out_leaf[chunk].transpose(0, 1), memory_leaf, pad_mask, masks,
                                   tgt_out[chunk].t())
             (loss / normalizer).backward()
             total = total + loss.detach()
         torch.autograd.backward([dec_out, memory], [out_leaf.grad, memory_leaf.grad])
         return total
+
+    def _logit_work_bytes(self, rows: int) -> int:
+        # The loss's backward works on a block of logits that autograd does not save: count it.
+        return logit_work_bytes(rows, self.cfg.tgt_vocab, self.generator.weight.element_size())
 
     def train_step_autograd(self, src, src_len, tgt_in, tgt_out, normalizer: float) -> torch.Tensor:
         """Ordinary backpropagation for any model (for reversible ones: through the same
@@ -216,11 +238,12 @@ class Seq2Seq(nn.Module):
 
     @torch.no_grad()
     def loss(self, src, src_len, tgt_in, tgt_out) -> torch.Tensor:
-        """Summed cross-entropy of a batch, no gradients (validation)."""
+        """Summed cross-entropy of a batch, no gradients (validation), a few steps' logits at a time."""
         masks = self.draw_masks(src.shape[0], src.device)
         dec_out, memory = self._forward_autograd(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks)
-        pad_mask = (src == PAD)
-        return self.step_loss(dec_out.transpose(0, 1), memory, pad_mask, masks, tgt_out)
+        pad_mask = src == PAD
+        return sum(self.step_loss(dec_out[c].transpose(0, 1), memory, pad_mask, masks, tgt_out[:, c])
+                   for c in _chunks(dec_out.shape[0]))
 
     # ------------------------------------------------------------------ inference
 

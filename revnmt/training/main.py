@@ -15,6 +15,7 @@ import torch
 
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from revnmt.data import atomic_write_bytes
+from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
 from revnmt.model import Seq2Seq
 from revnmt.translator import Translator, evaluate
 
@@ -48,7 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         model = Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))).to(args.device)
-        trainer = Trainer(args, data, model, save_dir)
+        plan = None
+        if args.memory_budget is not None:
+            try:
+                plan = _memory_plan(args, data, model, checkpoint)
+            except BudgetError as error:
+                logger.error("%s", error)
+                return USAGE_ERROR
+        trainer = Trainer(args, data, model, save_dir, plan)
         if checkpoint is not None:
             trainer.restore(checkpoint)
             logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
@@ -76,6 +84,28 @@ def _resumable_checkpoint(args: argparse.Namespace, save_dir: Path) -> dict | No
         raise ValueError(f"{save_dir} holds a run trained with {', '.join(changed)}: run the same command "
                          f"to resume it, or choose another --save-dir")
     return checkpoint
+
+
+def _memory_plan(args: argparse.Namespace, data: TrainingData, model: Seq2Seq, checkpoint: dict | None) -> BudgetPlan:
+    """The batch that fits ``--memory-budget``; pairs too long to fit even alone are dropped.
+
+    A resumed run keeps the plan it started with: re-measuring a trained model could choose
+    another batch, and the run would no longer repeat an uninterrupted one.
+    """
+    if checkpoint is not None and checkpoint.get("memory_plan"):
+        fields = {k: v for k, v in checkpoint["memory_plan"].items() if k != "measured_peak"}
+        plan = BudgetPlan(**fields)
+    else:
+        lengths = data.train.lengths
+        plan = plan_budget(model, args.memory_budget, args.optimizer, int(lengths.min()), int(lengths.max()),
+                           torch.device(args.device), beam=max(args.valid_beam, args.test_beam))
+    too_long = data.train.lengths > plan.max_length
+    if too_long.any():
+        data.train = data.train.subset(~too_long)
+        logger.warning("skipped %d training pairs longer than %d tokens: a step on one of them alone would not "
+                       "fit the memory budget", int(too_long.sum()), plan.max_length)
+    logger.info("%s", plan.describe())
+    return plan
 
 
 def _test(args: argparse.Namespace, data: TrainingData, save_dir: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from revnmt.data import SPECIALS
+from revnmt.memory.sizes import parse_bytes
 from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
 
 DEFAULT_BATCH_SIZE = 64
@@ -16,7 +17,7 @@ DEFAULT_LR = {"adam": 1e-3, "sgd": 1.0}
 # Options that fix what a run trains on and in which order: resuming with other values would
 # silently continue a different run, so main() refuses it.
 RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "train_limit", "batch_size",
-                "batch_tokens", "seed", "rnn", "attention", "slice_dim", "max_forget_bits", "emb_dim",
+                "batch_tokens", "memory_budget", "seed", "rnn", "attention", "slice_dim", "max_forget_bits", "emb_dim",
                 "hidden_size", "layers", "dropout", "buffer_lanes")
 
 
@@ -32,6 +33,14 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def byte_size(text: str) -> int:
+    """argparse type for sizes such as 2GiB."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _forget_bits(text: str) -> int | None:
@@ -114,6 +123,9 @@ def add_optimization_options(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--batch-size", type=_positive_int,
                      help=f"sentences per batch (default: {DEFAULT_BATCH_SIZE} unless --batch-tokens is given)")
     opt.add_argument("--batch-tokens", type=_positive_int, help="padded tokens per batch")
+    opt.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
+                     help="e.g. 2GiB: choose the largest token batch whose training step fits (measured), "
+                     "instead of --batch-size/--batch-tokens")
     opt.add_argument("--patience", type=_positive_int, default=5, help="epochs without dev-BLEU improvement "
                      "before stopping")
 
@@ -163,7 +175,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     resolve_data_options(parser, args)
     if args.lr is None:
         args.lr = DEFAULT_LR[args.optimizer]
-    if args.batch_size is None and args.batch_tokens is None:
+    if args.memory_budget is not None and (args.batch_size or args.batch_tokens):
+        parser.error("--memory-budget chooses the batch: leave out --batch-size and --batch-tokens")
+    if args.batch_size is None and args.batch_tokens is None and args.memory_budget is None:
         args.batch_size = DEFAULT_BATCH_SIZE
     if args.clip < 0:
         parser.error(f"--clip must be >= 0, got {args.clip}")

@@ -19,12 +19,13 @@ import torch
 
 from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
 from revnmt.data import BatchSampler, make_batch, sorted_batches
+from revnmt.memory.budget import BudgetPlan
 from revnmt.model import Seq2Seq
 from revnmt.translator import Translator, evaluate
 
 from .data import TrainingData
 from .options import eval_batch_size
-from .progress import StepReporter
+from .progress import StepReporter, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
 
 logger = logging.getLogger(__name__)
@@ -62,16 +63,19 @@ class Validation:
 class Trainer:
     """Trains ``model`` on ``data`` as ``args`` say, saving into ``save_dir``."""
 
-    def __init__(self, args: argparse.Namespace, data: TrainingData, model: Seq2Seq, save_dir: Path) -> None:
-        self.args, self.data, self.model, self.save_dir = args, data, model, save_dir
+    def __init__(self, args: argparse.Namespace, data: TrainingData, model: Seq2Seq, save_dir: Path,
+                 plan: BudgetPlan | None = None) -> None:
+        """``plan`` (from ``--memory-budget``) replaces the batch options."""
+        self.args, self.data, self.model, self.save_dir, self.plan = args, data, model, save_dir, plan
         self.optimizer = build_optimizer(args, model.parameters())
         self.scheduler = build_scheduler(args, self.optimizer)
         self.state = TrainerState()
-        self.sampler = BatchSampler(data.train.lengths, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
+        batch_tokens, batch_size = (plan.batch_tokens, None) if plan else (args.batch_tokens, args.batch_size)
+        self.sampler = BatchSampler(data.train.lengths, batch_tokens=batch_tokens, batch_size=batch_size,
                                     shuffle=True, seed=args.seed)
         self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
         self.reporter = StepReporter(args.log_every, logger)
-        self.eval_batch_size = eval_batch_size(args)
+        self.eval_batch_size = plan.eval_batch_size if plan else eval_batch_size(args)
         self.device = next(model.parameters()).device
         self._session_start, self._elapsed_before = time.monotonic(), 0.0
 
@@ -91,6 +95,7 @@ class Trainer:
             "trainer": asdict(self.state),
             "rng": rng_state(),
             "args": vars(self.args),
+            "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": peak_memory()},
         }
 
     def restore(self, checkpoint: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ LEXICON = {"a": "ein", "the": "der", "man": "mann", "dog": "hund", "cat": "katze
            "sleeps": "schläft", "in": "in", "on": "auf", "park": "park", "street": "straße", "big": "großer",
            "small": "kleiner", "red": "roter", "today": "heute", "and": "und"}
 TINY_MODEL = ["--emb-dim", "16", "--hidden-size", "16", "--slice-dim", "4", "--buffer-lanes", "4",
-              "--min-freq", "1", "--batch-size", "32", "--log-every", "2", "--device", "cpu"]
+              "--min-freq", "1", "--log-every", "2", "--device", "cpu"]
 
 
 def write_toy_corpus(folder: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, str]:
@@ -37,7 +37,9 @@ def train(toy: dict[str, str]):
     """Run train.py in-process with a tiny model on the toy corpus; returns the exit status."""
 
     def run(save_dir: Path, *options: str, train_prefix: str | None = None) -> int:
+        # a fixed batch unless the memory budget is to choose it
+        batch = [] if "--memory-budget" in options else ["--batch-size", "32"]
         return main(["--train", train_prefix or toy["train"], "--valid", toy["valid"], "--save-dir", str(save_dir),
-                     *TINY_MODEL, *options])
+                     *TINY_MODEL, *batch, *options])
 
     return run

@@ -8,7 +8,7 @@ from revnmt.data import Vocabulary
 from revnmt.training.trainer import VALID_COLUMNS
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
-                   "rng", "args"}
+                   "rng", "args", "memory_plan"}
 
 
 def _same_tensors(a, b) -> bool:
@@ -101,3 +101,19 @@ def test_resuming_with_other_options_is_refused(train, tmp_path, capsys):
     assert train(tmp_path / "run", "--max-steps", "2", "--batch-size", "16", "--hidden-size", "32") == 2
     err = capsys.readouterr().err
     assert "--batch-size 32 (now 16)" in err and "--hidden-size 16 (now 32)" in err
+
+
+def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, tmp_path):
+    save_dir = tmp_path / "budget"
+    assert train(save_dir, "--memory-budget", "64MiB", "--max-steps", "2") == 0
+    plan = load_checkpoint(save_dir / "last.pt")["memory_plan"]
+    assert plan["budget_bytes"] == 64 * 2 ** 20 and plan["batch_tokens"] > 0
+    assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
+    assert "memory budget 64.00 MiB" in (save_dir / "train.log").read_text()
+    assert train(save_dir, "--memory-budget", "64MiB", "--max-steps", "3") == 0
+    assert load_checkpoint(save_dir / "last.pt")["memory_plan"]["batch_tokens"] == plan["batch_tokens"]
+
+
+def test_memory_budget_too_small_for_the_model_stops_with_what_it_needs(train, tmp_path):
+    assert train(tmp_path / "small", "--memory-budget", "1KiB") == 2
+    assert "a budget of at least" in (tmp_path / "small" / "train.log").read_text()

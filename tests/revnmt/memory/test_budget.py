@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from revnmt.memory.budget import (BudgetError, fit_step_cost, plan_budget, probe_step_bytes, static_bytes,
+                                  synthetic_batch)
+from revnmt.model import ModelConfig, Seq2Seq
+
+CPU = torch.device("cpu")
+
+
+def _model(rnn="revgru", attention="emb+slice"):
+    torch.manual_seed(0)
+    return Seq2Seq(ModelConfig(rnn=rnn, emb_dim=32, hidden_size=32, attention=attention, slice_dim=4,
+                               src_vocab=300, tgt_vocab=400, buffer_lanes=4))
+
+
+def test_static_bytes_count_parameters_gradients_and_optimizer_state():
+    model = _model()
+    params = sum(p.numel() for p in model.parameters()) * 4
+    assert static_bytes(model, "adam") == 4 * params and static_bytes(model, "sgd") == 2 * params
+
+
+@pytest.mark.parametrize("rnn,attention", [("revgru", "emb+slice"), ("gru", "hidden")])
+def test_the_fitted_cost_predicts_an_unseen_batch(rnn, attention):
+    model = _model(rnn, attention)
+    cost = fit_step_cost(model, 4, 30, CPU)
+    measured = probe_step_bytes(model, synthetic_batch(5, 17, 300, 400, CPU))
+    assert cost(5, 17) == pytest.approx(measured, rel=0.15)
+
+
+def test_the_planned_batch_fits_the_budget_at_both_length_extremes():
+    model, budget = _model(), 24 * 2 ** 20
+    plan = plan_budget(model, budget, "adam", 4, 30, CPU)
+    assert plan.predicted_peak_bytes <= budget and plan.max_length == 30
+    for length in (4, 30):
+        batch = synthetic_batch(plan.batch_tokens // length, length, 300, 400, CPU)
+        assert static_bytes(model, "adam") + probe_step_bytes(model, batch) <= budget
+
+
+def test_reversible_fits_more_tokens_than_ordinary_under_one_budget():
+    budget = 24 * 2 ** 20
+    rev = plan_budget(_model(), budget, "adam", 4, 30, CPU).batch_tokens
+    ordinary = plan_budget(_model("gru", "hidden"), budget, "adam", 4, 30, CPU).batch_tokens
+    assert rev > 2 * ordinary
+
+
+def test_budgets_too_small_say_what_is_needed():
+    model = _model()
+    with pytest.raises(BudgetError, match="a budget of at least"):
+        plan_budget(model, 1024, "adam", 4, 30, CPU)
+    just_model = int(static_bytes(model, "adam") / 0.9) + 2048
+    with pytest.raises(BudgetError, match="not even one"):
+        plan_budget(model, just_model, "adam", 4, 30, CPU)
