@@ -43,6 +43,16 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from error
 
 
+def _device_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be GPU numbers separated by commas, e.g. 0,1, got {text}") from None
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"GPU numbers must be >= 0, got {text}")
+    return ids
+
+
 def _forget_bits(text: str) -> int | None:
     # The choices themselves are checked by ModelConfig, so its message is the one users see.
     return None if text.lower() == "none" else int(text)
@@ -140,6 +150,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--test-beam", type=_positive_int, default=5, help="beam for the test set")
     run.add_argument("--log-every", type=_positive_int, default=100, help="steps between log lines")
     run.add_argument("--save-every", type=_positive_int, help="also save last.pt every N steps")
+    run.add_argument("--hogwild", type=_positive_int, metavar="N",
+                     help="train with N worker processes that update shared weights without locks (Hogwild!); "
+                     "checkpoints and resumption at epoch ends only")
+    run.add_argument("--devices", type=_device_ids, metavar="0,1,...",
+                     help="with --hogwild: the GPUs the workers run on, round-robin (default: every GPU with "
+                     "--device cuda)")
 
 
 def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> ModelConfig:
@@ -193,6 +209,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--device {args.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu)")
+    if args.devices is not None:
+        if not args.hogwild:
+            parser.error("--devices chooses the GPUs of --hogwild workers: give --hogwild N too")
+        if max(args.devices) >= torch.cuda.device_count():
+            parser.error(f"--devices {','.join(map(str, args.devices))}: this machine has "
+                         f"{torch.cuda.device_count()} CUDA devices")
+    if args.hogwild and args.save_every:
+        parser.error("--save-every cannot be used with --hogwild: Hogwild runs save at epoch ends only")
     try:
         # The vocabulary sizes are known only once the data is read; check everything else now,
         # before minutes go into reading it.

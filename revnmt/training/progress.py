@@ -26,15 +26,18 @@ BAR_REFRESH_S = 1.0  # at most this often the bar's loss is read back (a device 
 
 
 @contextmanager
-def logging_to(log_file: str | os.PathLike[str]) -> Iterator[None]:
-    """Send INFO and above to ``log_file`` (appended) and stderr for the duration of a run."""
+def logging_to(log_file: str | os.PathLike[str] | None, level: int = logging.INFO, label: str = "") -> Iterator[None]:
+    """Send ``level`` and above to stderr and ``log_file`` (appended; none if None) for the duration
+    of a run, each line after ``label`` (which tells the processes of a distributed run apart)."""
     root = logging.getLogger()
-    handlers = [logging.FileHandler(log_file, encoding="utf-8"), logging.StreamHandler(sys.stderr)]
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     old_level = root.level
     for handler in handlers:
-        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+        handler.setFormatter(logging.Formatter(label.replace("%", "%%") + LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
         root.addHandler(handler)
-    root.setLevel(logging.INFO)
+    root.setLevel(level)
     try:
         yield
     finally:  # a run started in-process (tests) leaves the logging as it found it

@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
-from revnmt.data import BatchSampler, make_batch, sorted_batches
+from revnmt.data import Batch, BatchSampler, make_batch, sorted_batches
 from revnmt.memory.budget import BudgetPlan
 from revnmt.model import Seq2Seq
 from revnmt.translator import Translator, evaluate
@@ -32,6 +33,28 @@ logger = logging.getLogger(__name__)
 
 VALID_TSV = "valid.tsv"
 VALID_COLUMNS = ("epoch", "step", "dev_loss", "dev_ppl", "dev_bleu", "lr", "elapsed_s")
+
+
+def derived_seed(*keys: int) -> int:
+    """A seed for a random stream of its own (a worker's, a rank's), from the run's seed and a position."""
+    return int(np.random.SeedSequence(keys).generate_state(1)[0])
+
+
+def compute_gradients(model: Seq2Seq, batch: Batch) -> torch.Tensor:
+    """Set ``model``'s ``.grad`` to the gradients of ``batch``; returns its summed loss.
+
+    ``train_step`` accumulates the gradients itself (reversible models train by reversal), so
+    the old ones are dropped first.
+    """
+    model.zero_grad(set_to_none=True)
+    return model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, normalizer=batch.n_tokens)
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, clip: float) -> None:
+    """Clip the gradient norm of ``optimizer``'s parameters to ``clip`` (0: no clipping), then step."""
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
+    optimizer.step()
 
 
 @dataclass
@@ -77,6 +100,9 @@ class Trainer:
         self.reporter = StepReporter(args.log_every, logger)
         self.eval_batch_size = plan.eval_batch_size if plan else eval_batch_size(args)
         self.device = next(model.parameters()).device
+        # Each update trains batch ``rank`` of a group of ``world_size`` consecutive batches, one per
+        # process (DistributedTrainer); a single process trains every batch.
+        self.rank, self.world_size = 0, 1
         self._session_start, self._elapsed_before = time.monotonic(), 0.0
 
     # ------------------------------------------------------------------ checkpoints
@@ -155,24 +181,27 @@ class Trainer:
         """Train on the rest of the current epoch; False if ``--max-steps`` cut it short."""
         args, state = self.args, self.state
         batches = self.sampler.batches(state.epoch)
+        # With several processes the last len % world_size batches are left out: every process
+        # must take part in every update (DistributedTrainer averages their gradients).
+        n_batches = len(batches) - len(batches) % self.world_size
         self.model.train()
-        with self.reporter.epoch(state.epoch, len(batches), state.batch_in_epoch):
-            for index in range(state.batch_in_epoch, len(batches)):
-                batch = make_batch(self.data.train, batches[index]).to(self.device)
-                self.optimizer.zero_grad(set_to_none=True)
-                # train_step accumulates the gradients itself (reversible models train by reversal).
-                loss = self.model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out,
-                                             normalizer=batch.n_tokens)
-                if args.clip > 0:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip)
-                self.optimizer.step()
-                state.step, state.batch_in_epoch = state.step + 1, index + 1
-                self.reporter.step(state.step, index + 1, loss, batch.n_tokens, current_lr(self.optimizer))
+        with self.reporter.epoch(state.epoch, n_batches, state.batch_in_epoch):
+            for first in range(state.batch_in_epoch, n_batches, self.world_size):
+                batch = make_batch(self.data.train, batches[first + self.rank]).to(self.device)
+                loss = self._update(batch)
+                state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
+                self.reporter.step(state.step, state.batch_in_epoch, loss, batch.n_tokens, current_lr(self.optimizer))
                 if args.save_every and state.step % args.save_every == 0:
                     self._save(best=False)
                 if args.max_steps is not None and state.step >= args.max_steps:
                     break
-        return state.batch_in_epoch == len(batches)
+        return state.batch_in_epoch == n_batches
+
+    def _update(self, batch: Batch) -> torch.Tensor:
+        """One optimizer step on ``batch``; returns its summed loss."""
+        loss = compute_gradients(self.model, batch)
+        clip_and_step(self.optimizer, self.args.clip)
+        return loss
 
     # ------------------------------------------------------------------ validation
 

@@ -1,0 +1,111 @@
+"""Parallel training on the CPU: Hogwild! worker processes, and torch.distributed ranks started by torchrun."""
+
+import argparse
+import logging
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from revnmt.checkpoint import load_checkpoint
+from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.training import main
+from revnmt.training.data import load_data
+from revnmt.training.distributed import state_digest
+from revnmt.training.hogwild import CRASH_HOOK
+from revnmt.training.trainer import Trainer
+from revnmt.translator import Translator
+
+REPO = Path(__file__).resolve().parents[3]
+FAST = ["--lr", "0.02"]  # large enough steps for the dev loss to fall clearly within two epochs
+
+
+def _untrained_dev_loss(checkpoint: dict, tmp_path: Path) -> tuple[float, dict]:
+    """Dev loss and weights of the model the run started from (same options, same seed)."""
+    args = argparse.Namespace(**checkpoint["args"])
+    data = load_data(args, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    torch.manual_seed(args.seed)
+    model = Seq2Seq(ModelConfig(**checkpoint["model_config"]))
+    return Trainer(args, data, model, tmp_path).evaluate().loss, model.state_dict()
+
+
+def _translates(run: Path) -> None:
+    hyps = Translator.from_checkpoint(run).translate(["A man runs .", "The dog sleeps in the park ."], beam=2)
+    assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
+
+
+def test_hogwild_workers_share_the_updates_and_the_loss_falls(train, tmp_path):
+    run = tmp_path / "hogwild"
+    assert train(run, "--hogwild", "2", "--epochs", "2", *FAST) == 0
+
+    checkpoint = load_checkpoint(run / "last.pt")
+    assert checkpoint["trainer"]["step"] == 14 and checkpoint["trainer"]["epoch"] == 3  # 7 batches per epoch
+    log = (run / "train.log").read_text()
+    # worker w trains batches w, w + 2, ...: 4 and 3 of the 7, and each reported update was applied
+    assert log.count("updates by Hogwild worker 0: 4, 1: 3") == 2
+
+    untrained_loss, untrained = _untrained_dev_loss(checkpoint, tmp_path)
+    dev_losses = [float(row.split("\t")[2]) for row in (run / "valid.tsv").read_text().splitlines()[1:]]
+    assert dev_losses[-1] < untrained_loss - 0.3, (untrained_loss, dev_losses)
+    changed = [name for name, weights in checkpoint["model"].items() if not torch.equal(weights, untrained[name])]
+    assert changed == list(untrained)  # every shared tensor got updates
+    _translates(run)
+
+
+def test_failing_or_killed_hogwild_worker_stops_the_run_and_keeps_last_checkpoint(train, tmp_path, monkeypatch,
+                                                                                    caplog):
+    run = tmp_path / "crash"
+    assert train(run, "--max-steps", "1") == 0  # a good last.pt, from one process (Hogwild resumes it)
+    saved = (run / "last.pt").read_bytes()
+    for hook, message in (("1", r"Hogwild worker 1 failed:\nTraceback .*RuntimeError: "
+                                r"REVNMT_TEST_CRASH_WORKER=1: injected failure"),
+                          ("1:kill", r"Hogwild worker 1 \(pid \d+\) was killed by SIGKILL")):
+        monkeypatch.setenv(CRASH_HOOK, hook)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert train(run, "--hogwild", "2", "--max-steps", "5") == 1
+        assert re.search(message, caplog.text, re.DOTALL), caplog.text
+        assert (run / "last.pt").read_bytes() == saved
+
+
+def test_hogwild_options_are_checked(tmp_path, monkeypatch, capsys):
+    base = ["--train", "x", "--valid", "y", "--save-dir", str(tmp_path)]
+    for options, message in ((["--devices", "0"], "--devices chooses the GPUs of --hogwild workers"),
+                             (["--hogwild", "2", "--save-every", "5"], "--save-every cannot be used with --hogwild"),
+                             (["--hogwild", "2", "--devices", "0,x"], "must be GPU numbers separated by commas")):
+        with pytest.raises(SystemExit):
+            main([*base, *options])
+        assert message in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit):
+        main([*base, "--hogwild", "2"])
+    assert "run it with python, not torchrun" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_ranks_train_identical_weights(train, toy, tmp_path):
+    # the train fixture's model options: pytest loads several modules as "conftest", so none imports by name
+    tiny_model = train.__globals__["TINY_MODEL"]
+    run = tmp_path / "ranks"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(_free_port()), "train.py", "--train", toy["train"], "--valid", toy["valid"],
+               "--save-dir", str(run), *tiny_model, "--batch-size", "32", "--epochs", "2", *FAST]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+    checkpoint = load_checkpoint(run / "last.pt")
+    # 2 epochs of 7 batches: 3 updates of 2 batches each (the 7th is left out so both ranks take part)
+    assert checkpoint["trainer"]["step"] == 6
+    digest = re.search(r"weights identical on all 2 ranks: SHA-256 (\w+)", (run / "train.log").read_text())
+    assert digest and digest.group(1) == state_digest(checkpoint["model"])  # rank 1's weights = rank 0's checkpoint
+    assert "[rank 0]" in result.stderr and "[rank 1]" not in result.stderr  # rank 1 logs warnings only
+    _translates(run)
