@@ -58,7 +58,7 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
     fits, measured_by = {}, ""
     for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
         candidate = model if name == "reversible" else Seq2Seq(cfg).to(args.device)
-        plan = plan_budget(candidate, args.memory_budget, args.optimizer, int(lengths.min()), int(lengths.max()),
+        plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths,
                            torch.device(args.device))
         fits[name], measured_by = plan.batch_tokens, plan.measured_by
     return {"bytes": args.memory_budget, "batch_tokens": fits, "measured_by": measured_by}

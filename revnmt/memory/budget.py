@@ -11,8 +11,10 @@ autograd saves plus what the model holds outside autograd (buffers, slices, atte
 Parameters, gradients and optimizer state are a fixed cost counted separately.
 
 A token budget T allows batches of B = T/L sentences of length L, and the per-sentence part of
-the cost (one step's graph and logits for a reversible model) grows as sentences get shorter, so
-the worst case is the *shortest* length bucket, not the longest; both ends are checked.
+the cost (one step's graph for a reversible model) grows as sentences get shorter, so the worst
+case is not simply the longest length bucket. Every length present in the data is checked, with
+B bounded by T/L and by the number of pairs at most L long (no batch can hold more): the worst
+batch the sampler can form in any epoch.
 """
 
 from __future__ import annotations
@@ -129,30 +131,41 @@ def eval_bytes(model: Seq2Seq, sentences: int, length: int, beam: int) -> int:
     return max(validation, search)
 
 
-def plan_budget(model: Seq2Seq, budget: int, optimizer: str, min_length: int, max_length: int,
-                device: torch.device, eval_batch_size: int = 64, beam: int = 5) -> BudgetPlan:
-    """The largest token batch whose training step fits ``budget`` for pair lengths in
-    [min_length, max_length]; BudgetError if not even the model, or one short pair, fits."""
+def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
+                eval_batch_size: int = 64, beam: int = 5) -> BudgetPlan:
+    """The largest token batch whose training step fits ``budget`` on data with these pair
+    ``lengths``; BudgetError if not even the model, or one short pair, fits."""
     usable = budget * (1 - SAFETY_MARGIN)
     static = static_bytes(model, optimizer)
     if static >= usable:
         raise BudgetError(f"the model's parameters, gradients and {optimizer} state alone need "
                           f"{format_bytes(static)} (plus a {SAFETY_MARGIN:.0%} margin): a budget of at least "
                           f"{format_bytes(int(static / (1 - SAFETY_MARGIN)) + 1)} is needed, got {format_bytes(budget)}")
-    min_length = max(min_length, 2)
+    lengths = np.maximum(np.asarray(lengths), 2)
+    present = np.unique(lengths)
+    min_length, max_length = int(present[0]), int(present[-1])
     cost = fit_step_cost(model, min_length, max(max_length, min_length + 1), device)
     room = usable - static
-    longest = max((length for length in range(min_length, max_length + 1) if cost(1, length) <= room), default=0)
-    if longest == 0:
+    fitting = [int(length) for length in present if cost(1, length) <= room]
+    if not fitting:
         raise BudgetError(f"not even one {min_length}-token pair fits: a training step needs about "
                           f"{format_bytes(int(cost(1, min_length) + static))} of the {format_bytes(budget)} budget")
-    # B = T / L sentences of length L: cost(T/L, L) = fixed + T·(per_sentence/L + per_token), which is
-    # largest at the shortest length.
-    tokens = int((room - cost.fixed) / (cost.per_sentence / min_length + cost.per_token))
-    tokens = max(tokens, longest)  # a single longest pair always forms a batch of its own
-    worst = max(cost(max(tokens // length, 1), length) for length in range(min_length, longest + 1))
+    longest = fitting[-1]
+    # A batch whose longest pair has L tokens holds at most T // L pairs, and no more than the pairs
+    # of the data that are at most L long: the worst batch the sampler can form, in any epoch.
+    at_most = {length: int((lengths <= length).sum()) for length in fitting}
+
+    def worst(tokens: int) -> float:
+        return max(cost(min(max(tokens // length, 1), at_most[length]), length) for length in fitting)
+
+    low, high = longest, longest * at_most[longest]  # one longest pair .. every pair in one batch
+    if worst(high) <= room:
+        low = high
+    while low < high:  # the largest T with worst(T) <= room (worst grows with T)
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if worst(mid) <= room else (low, mid - 1)
     eval_size = eval_batch_size
     while eval_size > 1 and eval_bytes(model, eval_size, longest, beam) > room:
         eval_size //= 2
     measured_by = "cuda allocator" if device.type == "cuda" else "cpu accounting"
-    return BudgetPlan(budget, static, tokens, longest, int(static + worst), eval_size, measured_by, asdict(cost))
+    return BudgetPlan(budget, static, low, longest, int(static + worst(low)), eval_size, measured_by, asdict(cost))

@@ -131,7 +131,7 @@ def _memory_plan(args: argparse.Namespace, data: TrainingData, model: Seq2Seq, c
         plan = BudgetPlan(**fields)
     else:
         lengths = data.train.lengths
-        plan = plan_budget(model, args.memory_budget, args.optimizer, int(lengths.min()), int(lengths.max()),
+        plan = plan_budget(model, args.memory_budget, args.optimizer, lengths,
                            torch.device(args.device), beam=max(args.valid_beam, args.test_beam))
     logger.info("%s", plan.describe())
     return plan

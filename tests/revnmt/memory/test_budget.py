@@ -1,11 +1,14 @@
+import numpy as np
 import pytest
 import torch
 
-from revnmt.memory.budget import (BudgetError, fit_step_cost, plan_budget, probe_step_bytes, static_bytes,
+from revnmt.data import BatchSampler
+from revnmt.memory.budget import (BudgetError, StepCost, fit_step_cost, plan_budget, probe_step_bytes, static_bytes,
                                   synthetic_batch)
 from revnmt.model import ModelConfig, Seq2Seq
 
 CPU = torch.device("cpu")
+LENGTHS = np.repeat(np.arange(4, 31), 20)  # 20 pairs of every length from 4 to 30
 
 
 def _model(rnn="revgru", attention="emb+slice"):
@@ -28,26 +31,38 @@ def test_the_fitted_cost_predicts_an_unseen_batch(rnn, attention):
     assert cost(5, 17) == pytest.approx(measured, rel=0.15)
 
 
-def test_the_planned_batch_fits_the_budget_at_both_length_extremes():
+def test_the_worst_batches_the_sampler_can_form_fit_the_budget():
     model, budget = _model(), 24 * 2 ** 20
-    plan = plan_budget(model, budget, "adam", 4, 30, CPU)
+    plan = plan_budget(model, budget, "adam", LENGTHS, CPU)
     assert plan.predicted_peak_bytes <= budget and plan.max_length == 30
-    for length in (4, 30):
-        batch = synthetic_batch(plan.batch_tokens // length, length, 300, 400, CPU)
+    for length in (4, 12, 30):  # as many pairs as the token budget allows and the data holds
+        sentences = min(plan.batch_tokens // length, int((LENGTHS <= length).sum()))
+        batch = synthetic_batch(sentences, length, 300, 400, CPU)
         assert static_bytes(model, "adam") + probe_step_bytes(model, batch) <= budget
 
 
 def test_reversible_fits_more_tokens_than_ordinary_under_one_budget():
     budget = 24 * 2 ** 20
-    rev = plan_budget(_model(), budget, "adam", 4, 30, CPU).batch_tokens
-    ordinary = plan_budget(_model("gru", "hidden"), budget, "adam", 4, 30, CPU).batch_tokens
+    rev = plan_budget(_model(), budget, "adam", LENGTHS, CPU).batch_tokens
+    ordinary = plan_budget(_model("gru", "hidden"), budget, "adam", LENGTHS, CPU).batch_tokens
     assert rev > 2 * ordinary
 
 
 def test_budgets_too_small_say_what_is_needed():
     model = _model()
     with pytest.raises(BudgetError, match="a budget of at least"):
-        plan_budget(model, 1024, "adam", 4, 30, CPU)
+        plan_budget(model, 1024, "adam", LENGTHS, CPU)
     just_model = int(static_bytes(model, "adam") / 0.9) + 2048
     with pytest.raises(BudgetError, match="not even one"):
-        plan_budget(model, just_model, "adam", 4, 30, CPU)
+        plan_budget(model, just_model, "adam", LENGTHS, CPU)
+
+
+def test_every_batch_the_sampler_forms_is_within_the_plan():
+    model, budget = _model(), 3 * 2 ** 20
+    plan = plan_budget(model, budget, "adam", LENGTHS, CPU)
+    cost = StepCost(**plan.cost)
+    sampler = BatchSampler(LENGTHS, batch_tokens=plan.batch_tokens, seed=3)
+    assert len(sampler.batches(1)) > 3  # the budget, not the data, limits the batch
+    for epoch in (1, 2, 3):
+        for batch in sampler.batches(epoch):
+            assert plan.static_bytes + cost(len(batch), LENGTHS[batch].max()) <= plan.predicted_peak_bytes + 1
