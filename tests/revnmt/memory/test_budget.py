@@ -66,3 +66,19 @@ def test_every_batch_the_sampler_forms_is_within_the_plan():
     for epoch in (1, 2, 3):
         for batch in sampler.batches(epoch):
             assert plan.static_bytes + cost(len(batch), LENGTHS[batch].max()) <= plan.predicted_peak_bytes + 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_peak_of_the_planned_batch_stays_under_the_budget():
+    device, budget = torch.device("cuda"), 256 * 2 ** 20
+    model = _model().to(device)
+    plan = plan_budget(model, budget, "adam", LENGTHS, device)
+    optimizer = torch.optim.Adam(model.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    for length in (4, 12, 30):
+        sentences = min(plan.batch_tokens // length, int((LENGTHS <= length).sum()))
+        batch = synthetic_batch(sentences, length, 300, 400, device)
+        model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, float(batch.n_tokens))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    assert torch.cuda.max_memory_allocated() <= budget
