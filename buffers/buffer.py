@@ -64,7 +64,7 @@ class InformationBuffer:
         # One overflow flag per push (a byte each: one indexed write per push, where a packed bit
         # log costs half a dozen ops; the flags are < 1 % of the words for any real batch).
         self._flags = torch.zeros(64, dtype=torch.bool, device=self.device)
-        self._optimal = torch.zeros(64, dtype=torch.float64, device=self.device)
+        self._group_optimal: list[torch.Tensor] = []  # bits each push_mul group destroyed (device scalars)
         self._bad_input = torch.zeros((), dtype=torch.bool, device=self.device)
         self._widths: list[int] = []  # width of every push, host side: checks LIFO order for free
         self._known_top = 0  # true stack height at the last host sync ...
@@ -92,9 +92,9 @@ class InformationBuffer:
         zl = self._checked_numerators(z, active)
         hl = h.long()
         chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h)]
-        # Information destroyed by the whole group, recorded at its last push (pops come in groups).
+        # Information destroyed by the whole group, kept per group: pops come in the same groups.
         lost = FORGET_RADIX - torch.log2(zl.double())
-        self._optimal[self.pushes - 1] = (lost if active is None else lost * active).sum()
+        self._group_optimal.append((lost if active is None else lost * active).sum())
         out = torch.cat(chunks, 1) if len(chunks) > 1 else chunks[0]
         return out.to(torch.int32)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
 
@@ -105,6 +105,7 @@ class InformationBuffer:
         hl = h.long()
         out = [self._pop(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in reversed(self._chunks(h))]
         h_new = torch.cat(out[::-1], 1) if len(out) > 1 else out[0]
+        self._group_optimal.pop()
         out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
         self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push",
                        BufferError)
@@ -135,7 +136,6 @@ class InformationBuffer:
             h_new = torch.where(active, h_new, h)
             buf_new = torch.where(active, buf_new, live)
         live.copy_(buf_new)
-        self._optimal[p] = 0.0
         self._widths.append(width)
         return h_new
 
@@ -185,13 +185,13 @@ class InformationBuffer:
 
     def reserved_bits(self) -> int:
         """Bits of device memory the buffer's tensors occupy, spare capacity and bookkeeping included."""
-        tensors = (self._curr, self._stack, self._top, self._flags, self._optimal, self._bad_input)
+        tensors = (self._curr, self._stack, self._top, self._flags, self._bad_input, *self._group_optimal)
         return 8 * sum(t.numel() * t.element_size() for t in tensors)
 
     def optimal_bits(self) -> float:
         """Σ −log2(z* / 2^R_Z) over active lanes of the pushes not yet popped: the information
         the multiplications destroyed, hence the least any exact scheme must store."""
-        return float(self._optimal[: self.pushes].sum())
+        return float(torch.stack(self._group_optimal).sum()) if self._group_optimal else 0.0
 
     # ------------------------------------------------------------------ internals
 
@@ -253,8 +253,7 @@ class InformationBuffer:
             needed = self._known_top + 2 + _MIN_FREE_WORDS
             if needed > self._stack.shape[0]:
                 self._stack = _grow(self._stack, max(needed, self._stack.shape[0] * 3 // 2))
-        if self.pushes >= self._optimal.shape[0]:
-            self._optimal = _grow(self._optimal, 2 * self._optimal.shape[0])
+        if self.pushes >= self._flags.shape[0]:
             self._flags = _grow(self._flags, 2 * self._flags.shape[0])
 
 

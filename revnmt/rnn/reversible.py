@@ -154,9 +154,12 @@ class ReversibleRNN(nn.Module):
 
     def _layer_input(self, layer: int, inputs_t: torch.Tensor, below: torch.Tensor,
                      dropout: list[torch.Tensor | None]) -> torch.Tensor:
-        if layer == 0:
-            return inputs_t
-        x = self.cells[layer - 1].output(below)
+        """Layer 0 reads the inputs; layer l > 0 the output of the int state ``below`` of layer l − 1."""
+        return inputs_t if layer == 0 else self._drop(layer, self.cells[layer - 1].output(below), dropout)
+
+    @staticmethod
+    def _drop(layer: int, x: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
+        """The locked dropout on the input of ``layer``."""
         return x if dropout[layer] is None else x * dropout[layer]
 
     # ------------------------------------------------------------------ training by reversal
@@ -282,11 +285,7 @@ class ReversibleRNN(nn.Module):
         outputs, slices = [], []
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
-                if layer == 0:
-                    inp = x[t]
-                else:
-                    inp = floats[layer - 1][:, : self.hidden_size]
-                    inp = inp if dropout[layer] is None else inp * dropout[layer]
+                inp = x[t] if layer == 0 else self._drop(layer, floats[layer - 1][:, : self.hidden_size], dropout)
                 with torch.no_grad():
                     ints[layer] = cell.forward_int(inp, ints[layer], buf, mask[t], guard, self._stored(layer))
                 floats[layer] = cell.forward_diff(inp, floats[layer], ints[layer], mask[t])
