@@ -146,11 +146,18 @@ def _drop_too_long(data: TrainingData, plan: BudgetPlan) -> None:
                        "fit the memory budget", int(too_long.sum()), plan.max_length)
 
 
+TEST_JSON = "test.json"
+
+
 def _test(args: argparse.Namespace, data: TrainingData, save_dir: Path) -> None:
-    """Translate the test set with best.pt, write test.hyp and log its scores."""
+    """Translate the test set with best.pt, write test.hyp, log its scores and write them to test.json."""
     translator = Translator.from_checkpoint(save_dir, args.device)
     hyps = translator.translate(data.test_text.src, beam=args.test_beam, batch_size=eval_batch_size(args),
                                 progress=sys.stderr.isatty())
     atomic_write_bytes(save_dir / "test.hyp", "".join(f"{hyp}\n" for hyp in hyps).encode("utf-8"))
-    for line in evaluate(hyps, data.test_text.tgt, translator.data).lines():
+    scores = evaluate(hyps, data.test_text.tgt, translator.data)
+    for line in scores.lines():
         logger.info("test (%s, beam %d) %s", args.test, args.test_beam, line)
+    result = {"test": args.test, "beam": args.test_beam, "sacrebleu": scores.sacrebleu.score,
+              "signature": scores.sacrebleu.signature, "tokenized_bleu": scores.tokenized_bleu}
+    atomic_write_bytes(save_dir / TEST_JSON, (json.dumps(result, indent=2) + "\n").encode("utf-8"))

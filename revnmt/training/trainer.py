@@ -71,6 +71,8 @@ class TrainerState:
     epoch_best_bleu: float = -1.0
     bad_epochs: int = 0
     elapsed_s: float = 0.0  # training and validation time over all sessions
+    train_tokens: int = 0  # target tokens of this process's updates, for throughput
+    train_s: float = 0.0  # time in this process's update loop alone (no validation), over all sessions
 
 
 @dataclass(frozen=True)
@@ -185,14 +187,19 @@ class Trainer:
         # must take part in every update (DistributedTrainer averages their gradients).
         n_batches = len(batches) - len(batches) % self.world_size
         self.model.train()
+        tick = time.monotonic()
         with self.reporter.epoch(state.epoch, n_batches, state.batch_in_epoch):
             for first in range(state.batch_in_epoch, n_batches, self.world_size):
                 batch = make_batch(self.data.train, batches[first + self.rank]).to(self.device)
                 loss = self._update(batch)
                 state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
+                # Counted per step (not per epoch) so that a --save-every checkpoint carries it.
+                state.train_tokens += batch.n_tokens
+                state.train_s += time.monotonic() - tick
                 self.reporter.step(state.step, state.batch_in_epoch, loss, batch.n_tokens, current_lr(self.optimizer))
                 if args.save_every and state.step % args.save_every == 0:
                     self._save(best=False)
+                tick = time.monotonic()
                 if args.max_steps is not None and state.step >= args.max_steps:
                     break
         return state.batch_in_epoch == n_batches

@@ -37,7 +37,8 @@ def test_interrupted_run_resumes_exactly(train, tmp_path):
     assert cut["scheduler"] == whole["scheduler"]
     assert _same_tensors(cut["rng"], whole["rng"])
     for state in (cut["trainer"], whole["trainer"]):
-        del state["elapsed_s"], state["best_bleu"], state["best_step"]  # the extra validation may find a best
+        # Times differ between runs; the extra validation may find a best.
+        del state["elapsed_s"], state["train_s"], state["best_bleu"], state["best_step"]
     assert cut["trainer"] == whole["trainer"] == {**cut["trainer"], "epoch": 2, "batch_in_epoch": 3, "step": 10}
 
 
@@ -45,7 +46,7 @@ def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp
     run = tmp_path / "run"
     assert train(run, "--max-steps", "4", "--test", toy["test"], "--test-beam", "2") == 0
     assert {p.name for p in run.iterdir()} == {"config.json", "src.vocab", "tgt.vocab", "last.pt", "best.pt",
-                                               "train.log", "valid.tsv", "test.hyp"}
+                                               "train.log", "valid.tsv", "test.hyp", "test.json"}
     config = json.loads((run / "config.json").read_text())
     assert config["train"] == toy["train"] and config["lowercase"] is False and config["hidden_size"] == 16
 
@@ -62,6 +63,12 @@ def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp
     assert "epoch 1 | step 2 | batch 2/7 | loss" in log and "dev sacreBLEU: BLEU = " in log
     assert "test (" in log and "signature" in log
     assert len((run / "test.hyp").read_text().splitlines()) == 10
+    scores = json.loads((run / "test.json").read_text())
+    assert scores["test"] == toy["test"] and scores["beam"] == 2 and "case:mixed" in scores["signature"]
+    assert f"sacreBLEU: BLEU = {scores['sacrebleu']:.2f}" in log
+    assert f"tokenized lowercased BLEU (paper): {scores['tokenized_bleu']:.2f}" in log
+    trainer = checkpoint["trainer"]
+    assert trainer["train_tokens"] > 0 and 0 < trainer["train_s"] < trainer["elapsed_s"]
 
 
 def test_finished_run_is_not_trained_again(train, tmp_path):

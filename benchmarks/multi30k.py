@@ -1,0 +1,294 @@
+"""Multi30K En→De results: reversible against ordinary models, BLEU and memory, in one table.
+
+    python benchmarks/multi30k.py                      # the four core models, trained to convergence
+    python benchmarks/multi30k.py --quick              # the whole pipeline in minutes (small models, few pairs)
+    python benchmarks/multi30k.py --models all --jobs 2 --threads 1
+    python benchmarks/multi30k.py --report             # the table of what RUNS holds now, training nothing
+
+Every model trains with train.py in RUNS/<name>, with the paper's Multi30K setup (train.py's defaults:
+1+1 layers, 300-unit embeddings and states, dropout 0.4, batch 64, tokenized and lowercased) and Adam
+(lr 1e-3, halved whenever the dev loss does not improve, stopped after 5 epochs without a better dev
+BLEU or below lr 1e-5, at most 30 epochs). train.py itself scores test2016 with best.pt at beam 5
+(test.json). Reversible models are then measured on their trained gates with
+``python -m revnmt.memory --checkpoint`` (memory.json): encoder and decoder ratios, and the token batch
+that fits --memory-budget, for the model and for its ordinary counterpart of the same size.
+
+Running the command again resumes unfinished runs (train.py resumes exactly) and skips finished
+ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
+RUNS/results.md and RUNS/results.json; runs still training appear with their progress so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint  # noqa: E402
+from revnmt.memory.sizes import format_bytes  # noqa: E402
+from revnmt.training.options import byte_size  # noqa: E402
+
+POLL_S = 30.0  # how often running jobs' progress is checked
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str  # the run directory's name
+    rnn: str
+    attention: str
+    bits: str  # max forgetting, "" for ordinary models
+
+    @property
+    def reversible(self) -> bool:
+        return self.rnn.startswith("rev")
+
+    def options(self) -> list[str]:
+        options = ["--rnn", self.rnn, "--attention", self.attention]
+        return options + (["--slice-dim", "20", "--max-forget-bits", self.bits] if self.reversible else [])
+
+
+CORE = (
+    Model("revgru-emb+slice-3bit", "revgru", "emb+slice", "3"),
+    Model("gru-hidden", "gru", "hidden", ""),
+    Model("lstm-hidden", "lstm", "hidden", ""),
+    Model("revlstm-emb+slice-3bit", "revlstm", "emb+slice", "3"),
+)
+EXTRA = (
+    Model("revgru-emb-3bit", "revgru", "emb", "3"),
+    Model("revgru-slice-3bit", "revgru", "slice", "3"),
+    Model("revgru-emb+slice-2bit", "revgru", "emb+slice", "2"),
+    Model("revgru-emb+slice-5bit", "revgru", "emb+slice", "5"),
+)
+MODELS = {m.name: m for m in CORE + EXTRA}
+
+FULL = {"train": ["--epochs", "30", "--test-beam", "5", "--save-every", "200"], "memory_batches": 20,
+        "budget": "2GiB"}
+# A pipeline check, not a result: 64-unit models on 1,000 pairs for 2 epochs, greedy test decoding.
+QUICK = {"train": ["--epochs", "2", "--train-limit", "1000", "--emb-dim", "64", "--hidden-size", "64",
+                   "--test-beam", "1"], "memory_batches": 2, "budget": "256MiB"}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="core",
+                        help=f"'core', 'all' or a comma-separated list of {', '.join(MODELS)} (default: core)")
+    parser.add_argument("--quick", action="store_true", help="small models on 1,000 pairs: checks the pipeline")
+    parser.add_argument("--runs", type=Path, help="run directories (default: runs/multi30k, runs/multi30k-quick)")
+    parser.add_argument("--data-dir", help="Multi30K folder (default: found as train.py finds it)")
+    parser.add_argument("--device", default="cpu", help="train.py --device (default: cpu)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
+    parser.add_argument("--threads", type=int, help="torch threads per job (default: cores / jobs)")
+    parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
+                        help="budget for the batch-tokens column (default: 2GiB; 256MiB with --quick)")
+    parser.add_argument("--report", action="store_true", help="only tabulate what the run directories hold")
+    args = parser.parse_args()
+    names = {"core": [m.name for m in CORE], "all": list(MODELS)}.get(args.models, args.models.split(","))
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--jobs and --threads must be positive")
+    args.models = [MODELS[n] for n in names]
+    args.setup = QUICK if args.quick else FULL
+    args.runs = args.runs or ROOT / "runs" / ("multi30k-quick" if args.quick else "multi30k")
+    args.memory_budget = args.memory_budget or byte_size(args.setup["budget"])
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    return args
+
+
+# ---------------------------------------------------------------------------- running
+
+def train_command(args: argparse.Namespace, model: Model) -> list[str]:
+    data = ["--data-dir", args.data_dir] if args.data_dir else []
+    return [sys.executable, str(ROOT / "train.py"), "--data", "multi30k", *data, *model.options(),
+            *args.setup["train"], "--device", args.device, "--save-dir", str(args.runs / model.name)]
+
+
+def memory_command(args: argparse.Namespace, model: Model) -> list[str]:
+    run = args.runs / model.name
+    data = ["--data-dir", args.data_dir] if args.data_dir else []
+    return [sys.executable, "-m", "revnmt.memory", "--checkpoint", str(run), *data, "--device", args.device,
+            "--batches", str(args.setup["memory_batches"]), "--memory-budget", str(args.memory_budget),
+            "--json", str(run / "memory.json")]
+
+
+def pending_steps(args: argparse.Namespace, model: Model) -> list[list[str]]:
+    """The commands ``model`` still needs: training (until test.json exists), then the memory report."""
+    run = args.runs / model.name
+    steps = [] if (run / "test.json").is_file() else [train_command(args, model)]
+    if model.reversible and not (run / "memory.json").is_file():
+        steps.append(memory_command(args, model))
+    return steps
+
+
+def run_all(args: argparse.Namespace) -> None:
+    """Run every model's pending commands, ``--jobs`` models at a time, showing progress."""
+    queue = [(m, pending_steps(args, m)) for m in args.models]
+    queue = [(m, steps) for m, steps in queue if steps]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+    running: dict[str, tuple[subprocess.Popen, list[list[str]], float]] = {}
+    shown: dict[str, str] = {}
+    failed = []
+
+    def start(model: Model, steps: list[list[str]]) -> None:
+        run = args.runs / model.name
+        run.mkdir(parents=True, exist_ok=True)
+        # train.py and the memory report log to the console; it goes to a file (tracebacks included).
+        console = open(run / "console.log", "a", encoding="utf-8")
+        print(f"[{model.name}] {' '.join(steps[0][1:])}", flush=True)
+        process = subprocess.Popen(steps[0], stdout=console, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        console.close()
+        running[model.name] = (process, steps[1:], time.monotonic())
+
+    models = {m.name: m for m in args.models}
+    try:
+        while queue or running:
+            while queue and len(running) < args.jobs:
+                start(*queue.pop(0))
+            time.sleep(min(POLL_S, 1.0 if args.quick else POLL_S))
+            for name, (process, rest, started) in list(running.items()):
+                line = last_progress_line(args.runs / name)
+                if line and shown.get(name) != line:
+                    print(f"[{name}] {line}", flush=True)
+                    shown[name] = line
+                if process.poll() is None:
+                    continue
+                del running[name]
+                if process.returncode != 0:
+                    print(f"[{name}] failed (exit {process.returncode}): see {args.runs / name / 'console.log'}",
+                          flush=True)
+                    failed.append(name)
+                elif rest:
+                    start(models[name], rest)
+                else:
+                    print(f"[{name}] done ({(time.monotonic() - started) / 60:.1f} min for its last step)", flush=True)
+    except KeyboardInterrupt:  # the children got the same SIGINT; their last.pt lets a rerun resume
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        raise SystemExit(130)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+
+
+def last_progress_line(run: Path) -> str:
+    """The newest step or validation line of ``run``'s train.log, without its time stamp."""
+    try:
+        lines = (run / "train.log").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if " | step " in line or "validation after" in line or "test (" in line:
+            return line.split(" INFO ", 1)[-1]
+    return ""
+
+
+# ---------------------------------------------------------------------------- the table
+
+def collect(args: argparse.Namespace, model: Model) -> dict | None:
+    """What ``model``'s run directory says, or None if it has not started."""
+    run = args.runs / model.name
+    if not (run / LAST_CHECKPOINT).is_file():
+        return None
+    state = load_checkpoint(run / LAST_CHECKPOINT)["trainer"]
+    with open(run / "valid.tsv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    best = next((r for r in rows if int(r["step"]) == state["best_step"]), None)
+    result = {
+        "model": model.name, "rnn": model.rnn, "attention": model.attention, "bits": model.bits,
+        "finished": (run / "test.json").is_file(),
+        "epochs_trained": len(rows),
+        "dev_bleu": state["best_bleu"] if best else None,
+        "best_epoch": int(best["epoch"]) if best else None,
+        "minutes_to_best": int(best["elapsed_s"]) / 60 if best else None,
+        "train_tokens_per_s": state.get("train_tokens", 0) / state["train_s"] if state.get("train_s") else None,
+    }
+    if result["finished"]:
+        test = json.loads((run / "test.json").read_text(encoding="utf-8"))
+        result |= {"test_tokenized_bleu": test["tokenized_bleu"], "test_sacrebleu": test["sacrebleu"],
+                   "sacrebleu_signature": test["signature"], "test_beam": test["beam"]}
+    if (run / "memory.json").is_file():
+        memory = json.loads((run / "memory.json").read_text(encoding="utf-8"))
+        result["memory"] = {side: {k: memory[side][k] for k in ("actual_ratio", "optimal_ratio")}
+                            for side in ("encoder", "decoder")}
+        result["budget"] = memory.get("budget")
+    return result
+
+
+def budget_tokens(results: list[dict], row: dict) -> int | None:
+    """Token batch under the budget: a reversible model's own plan; for an ordinary model, the plan
+    its reversible counterpart's report made for it (same size; an ordinary model's plan does not
+    depend on its trained weights)."""
+    if row.get("budget"):
+        return row["budget"]["batch_tokens"]["reversible"]
+    for other in results:
+        if other.get("budget") and other["rnn"] == "rev" + row["rnn"]:
+            return other["budget"]["batch_tokens"]["ordinary"]
+    return None
+
+
+def markdown(results: list[dict], budget: int) -> str:
+    def num(value, fmt: str = ".2f") -> str:
+        return "–" if value is None else format(value, fmt)
+
+    def ratio(row: dict, side: str) -> str:
+        m = row.get("memory", {}).get(side)
+        return "–" if m is None else f"{m['actual_ratio']:.1f}× ({m['optimal_ratio']:.1f}×)"
+
+    head = ("| model | attention | bits | test BLEU tok. | test sacreBLEU | dev BLEU | best epoch / trained | "
+            f"minutes to best | train tok/s | encoder actual (optimal) | decoder actual (optimal) | "
+            f"batch tokens in {format_bytes(budget)} |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in results:
+        status = "" if r["finished"] else " (training)"
+        lines.append(
+            f"| {r['rnn']}{status} | {r['attention']} | {r['bits'] or '–'} | {num(r.get('test_tokenized_bleu'))} | "
+            f"{num(r.get('test_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
+            f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['train_tokens_per_s'], '.0f')} | "
+            f"{ratio(r, 'encoder')} | {ratio(r, 'decoder')} | {num(budget_tokens(results, r), ',')} |")
+    signatures = {r["sacrebleu_signature"] for r in results if r.get("sacrebleu_signature")}
+    if signatures:
+        lines.append("")
+        lines.append("sacreBLEU signature: " + "; ".join(sorted(signatures)))
+    return "\n".join(lines) + "\n"
+
+
+def hardware(args: argparse.Namespace) -> dict:
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") and torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__, "device": args.device,
+            "jobs": args.jobs, "threads_per_job": args.threads}
+
+
+def main() -> int:
+    args = parse_args()
+    args.runs.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        run_all(args)
+    results = [r for r in (collect(args, m) for m in args.models) if r is not None]
+    table = markdown(results, args.memory_budget)
+    print(table, end="")
+    (args.runs / "results.md").write_text(table, encoding="utf-8")
+    report = {"hardware": hardware(args), "quick": args.quick, "train_options": args.setup["train"],
+              "memory_budget": args.memory_budget, "results": results}
+    (args.runs / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0 if all(r["finished"] for r in results) and len(results) == len(args.models) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
