@@ -14,6 +14,11 @@ upper bound on ``_top`` to keep the stack large enough: after a reset a word gro
 bits per push (k = max forgotten bits), so two overflows are at least ⌈53/k⌉ pushes apart. The
 host reads the true height only when that bound reaches the capacity; capacity then grows
 geometrically, so growth copies are amortized O(1) per word.
+
+Two implementations of push and pop share this layout: tensor ops (any device; what CUDA runs)
+and, on CPU, fused numba loops (:mod:`buffers.cpu_kernels`) that do a whole group in one call,
+since on a CPU the tensor path's time goes into dispatching its many small ops. The tests check
+that both give bit-identical results.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import math
 
 import torch
 
+from . import cpu_kernels
 from .fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN, min_forget_numerator
 from .multiply import div_exact, mul_exact
 
 #: A live word at or above this value could exceed int64 in B·2^R_Z + r, so it is pushed first.
 WORD_LIMIT = 1 << (63 - FORGET_RADIX)
 _MIN_FREE_WORDS = 4  # stack slots kept free after a sync, so syncs stay rare
+_POP_RANGE_MESSAGE = "pop_div produced a value outside int32: h was not the output of the matching push"
 
 
 class BufferError(RuntimeError):
@@ -44,14 +51,17 @@ class InformationBuffer:
         device: where the words live.
         max_bits: the most bits a push may forget (z* ≥ 2^(R_Z − max_bits)); ``None`` for R_Z.
             A tighter limit lets the host sync less often. Numerators below it are rejected.
+        fused: on CPU, push and pop each group in one compiled loop (default) instead of tensor
+            ops; the results are the same bit for bit. Ignored on other devices.
     """
 
     def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
-                 max_bits: int | None = None) -> None:
+                 max_bits: int | None = None, fused: bool = True) -> None:
         if batch < 1 or units < 1:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
         self.batch, self.units = batch, units
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.fused = fused and self.device.type == "cpu"
         self.max_bits = max_bits
         self.min_numerator = min_forget_numerator(max_bits)
         bits_per_push = FORGET_RADIX if max_bits is None else max_bits
@@ -89,6 +99,8 @@ class InformationBuffer:
         mostly empty one each.
         """
         _, active = self._check_args("push_mul", h, z, mask)
+        if self.fused:
+            return self._push_fused(h, z, active)
         zl = self._checked_numerators(z, active)
         hl = h.long()
         chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h)]
@@ -101,14 +113,15 @@ class InformationBuffer:
     def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
         _, active = self._check_args("pop_div", h, z, mask)
+        if self.fused:
+            return self._pop_fused(h, z, active)
         zl = self._checked_numerators(z, active)
         hl = h.long()
         out = [self._pop(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in reversed(self._chunks(h))]
         h_new = torch.cat(out[::-1], 1) if len(out) > 1 else out[0]
         self._group_optimal.pop()
         out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
-        self._flag_bad(out_of_range, "pop_div produced a value outside int32: h was not the output of the matching push",
-                       BufferError)
+        self._flag_bad(out_of_range, _POP_RANGE_MESSAGE, BufferError)
         return h_new.to(torch.int32)
 
     def _chunks(self, h: torch.Tensor) -> list[slice]:
@@ -139,15 +152,59 @@ class InformationBuffer:
         self._widths.append(width)
         return h_new
 
+    def _check_pop(self, widths: list[int]) -> None:
+        """Raise unless the last pushes had these widths (in push order): pops must mirror pushes."""
+        for back, width in enumerate(reversed(widths), 1):
+            if len(self._widths) < back:
+                raise BufferError("pop_div on an empty InformationBuffer: every pop needs a matching push_mul")
+            if self._widths[-back] != width:
+                raise BufferError(
+                    f"pop_div of width {width} does not mirror the last push_mul (width {self._widths[-back]}): "
+                    "pops must come in exactly the reverse order of pushes"
+                )
+
+    def _push_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        widths = [c.stop - c.start for c in self._chunks(h)]
+        # On CPU the true height costs nothing to read: size the stack for this group exactly.
+        self._ensure_capacity(int(self._top) + len(widths) + 1, self.pushes + len(widths))
+        out = torch.empty_like(h)
+        status, lost = cpu_kernels.push_group(
+            h.numpy(), z.numpy(), self._active_array(h, active), self._curr.numpy(), self._stack.numpy(),
+            self._top.view(1).numpy(), self._flags.numpy(), self.pushes, WORD_LIMIT, self.min_numerator, out.numpy())
+        if status == cpu_kernels.BAD_NUMERATOR:
+            raise ValueError(self._numerator_message())
+        self._widths.extend(widths)
+        self._group_optimal.append(torch.tensor(lost, dtype=torch.float64))
+        return out
+
+    def _pop_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        widths = [c.stop - c.start for c in self._chunks(h)]
+        self._check_pop(widths)
+        out = torch.empty_like(h)
+        status = cpu_kernels.pop_group(
+            h.numpy(), z.numpy(), self._active_array(h, active), self._curr.numpy(), self._stack.numpy(),
+            self._top.view(1).numpy(), self._flags.numpy(), self.pushes - len(widths), self.min_numerator, out.numpy())
+        if status == cpu_kernels.BAD_NUMERATOR:
+            raise ValueError(self._numerator_message())
+        del self._widths[-len(widths):]
+        self._group_optimal.pop()
+        if status == cpu_kernels.OUT_OF_RANGE:
+            raise BufferError(_POP_RANGE_MESSAGE)
+        return out
+
+    @staticmethod
+    def _active_array(h: torch.Tensor, active: torch.Tensor | None):
+        return (torch.ones((), dtype=torch.bool) if active is None else active).expand_as(h).numpy()
+
+    def _ensure_capacity(self, words: int, pushes: int) -> None:
+        if words > self._stack.shape[0]:
+            self._stack = _grow(self._stack, max(words + _MIN_FREE_WORDS, self._stack.shape[0] * 3 // 2))
+        if pushes > self._flags.shape[0]:
+            self._flags = _grow(self._flags, max(pushes, 2 * self._flags.shape[0]))
+
     def _pop(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         width = h.shape[1]
-        if not self._widths:
-            raise BufferError("pop_div on an empty InformationBuffer: every pop needs a matching push_mul")
-        if self._widths[-1] != width:
-            raise BufferError(
-                f"pop_div of width {width} does not mirror the last push_mul (width {self._widths[-1]}): "
-                "pops must come in exactly the reverse order of pushes"
-            )
+        self._check_pop([width])
         p = self.pushes - 1
 
         live = self._curr[:, :width]
@@ -224,8 +281,11 @@ class InformationBuffer:
         if active is not None:
             zl = torch.where(active, zl, FORGET_ONE)
         bad = (zl < self.min_numerator) | (zl > FORGET_ONE)
-        self._flag_bad(bad, f"forget numerators must lie in [{self.min_numerator}, {FORGET_ONE}]")
+        self._flag_bad(bad, self._numerator_message())
         return zl.clamp(self.min_numerator, FORGET_ONE)
+
+    def _numerator_message(self) -> str:
+        return f"forget numerators must lie in [{self.min_numerator}, {FORGET_ONE}]"
 
     def _flag_bad(self, bad: torch.Tensor, message: str, error: type[Exception] = ValueError) -> None:
         # On CPU a check costs nothing, so raise at once; on CUDA keep the flag on the device and

@@ -6,7 +6,8 @@ point: h ← z·h + u, where z·h goes through the information buffer (exact, in
 rounded to fixed point first (integer addition is exact). Given h at time t, the gates of half 2
 depend only on h1(t), so h2(t−1) can be recovered; then half 1 likewise.
 
-Modes (every one calls the same ``_gates_*`` code on the same float values, which is what makes
+Every mode takes the layer input as its projection ``p = cell.project(x)`` (see :meth:`RevCell.project`).
+Modes (every one calls the same ``_gates`` code on the same float values, which is what makes
 the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
 - ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference).
 - ``reverse_int``: no grad, pops; returns the exact previous state.
@@ -106,6 +107,30 @@ class RevCell(nn.Module):
         """The float output [h1 | h2] of an int state (what the next layer and attention see)."""
         return to_float(state[:, : self.hidden_size])
 
+    def _linears(self) -> list[nn.Linear]:
+        """Every Linear on [x; h_other], half 1's before half 2's."""
+        raise NotImplementedError
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The input's part of every gate pre-activation of both halves, biases included:
+        [..., input] -> [..., gate columns of half 1 | of half 2].
+
+        The step functions take this instead of x: the recurrent part is all that must be
+        computed step by step, and ``ReversibleRNN`` projects known inputs for several steps in
+        one matrix product. Forward and reverse must use the same projection values (the same
+        call on the same data), or a gate could differ by an ulp and the reverse go wrong.
+        """
+        linears = self._linears()
+        weight = torch.cat([lin.weight[:, : self.input_size] for lin in linears])
+        return torch.nn.functional.linear(x, weight, torch.cat([lin.bias for lin in linears]))
+
+    def _recurrent(self, lin: nn.Linear, p: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The pre-activation of ``lin`` on [x; h], from x's projection ``p``."""
+        return torch.addmm(p, h, lin.weight[:, self.input_size:].t())
+
+    def _half_projection(self, p: torch.Tensor, i: int) -> torch.Tensor:
+        return p.chunk(2, 1)[i]
+
     def _group(self, buf, mask, guard) -> _Group:
         return _Group(self.max_forget_bits, buf, mask, guard)
 
@@ -129,32 +154,36 @@ class RevGRUCell(RevCell):
         self.zr = nn.ModuleList(nn.Linear(input_size + self.half, 2 * self.half) for _ in range(2))
         self.g = nn.ModuleList(nn.Linear(input_size + self.half, self.half) for _ in range(2))
 
-    def _gates(self, i: int, x: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z, r = torch.sigmoid(self.zr[i](torch.cat([x, other], 1))).chunk(2, 1)
+    def _linears(self) -> list[nn.Linear]:
+        return [self.zr[0], self.g[0], self.zr[1], self.g[1]]
+
+    def _gates(self, i: int, p: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p_zr, p_g = self._half_projection(p, i).split([2 * self.half, self.half], 1)
+        z, r = torch.sigmoid(self._recurrent(self.zr[i], p_zr, other)).chunk(2, 1)
         z = restrict_forget(z, self.max_forget_bits)
-        g = torch.tanh(self.g[i](torch.cat([x, r * other], 1)))
+        g = torch.tanh(self._recurrent(self.g[i], p_g, r * other))
         return z, (1 - z) * g
 
-    def forward_int(self, x, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
+    def forward_int(self, p, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
         h = self._split(state)
         grp = self._group(buf, mask, guard)
         for i in (0, 1):
-            h[i] = grp.push(h[i], *self._gates(i, x, to_float(h[1 - i])), self._stored(i, stored))
+            h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def reverse_int(self, x, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
+    def reverse_int(self, p, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
         h = self._split(state)
         grp = self._group(buf, mask, guard)
         for i in (1, 0):
-            h[i] = grp.pop(h[i], *self._gates(i, x, to_float(h[1 - i])), self._restore(i, restore))
+            h[i] = grp.pop(h[i], *self._gates(i, p, to_float(h[1 - i])), self._restore(i, restore))
         return torch.cat(h, 1)
 
-    def forward_diff(self, x, prev_f, new_state, mask) -> torch.Tensor:
+    def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
         exact = self._split(new_state)
         grp = self._group(None, mask, None)
         for i in (0, 1):
-            h[i] = grp.diff(h[i], *self._gates(i, x, h[1 - i]), exact[i])
+            h[i] = grp.diff(h[i], *self._gates(i, p, h[1 - i]), exact[i])
         return torch.cat(h, 1)
 
 
@@ -171,41 +200,44 @@ class RevLSTMCell(RevCell):
         super().__init__(input_size, hidden_size, max_forget_bits)
         self.gates = nn.ModuleList(nn.Linear(input_size + self.half, 5 * self.half) for _ in range(2))
 
-    def _gates(self, i: int, x: torch.Tensor, other: torch.Tensor):
-        f, g, ig, o, p = self.gates[i](torch.cat([x, other], 1)).chunk(5, 1)
+    def _linears(self) -> list[nn.Linear]:
+        return list(self.gates)
+
+    def _gates(self, i: int, proj: torch.Tensor, other: torch.Tensor):
+        f, g, ig, o, p = self._recurrent(self.gates[i], self._half_projection(proj, i), other).chunk(5, 1)
         f = restrict_forget(torch.sigmoid(f), self.max_forget_bits)
         p = restrict_forget(torch.sigmoid(p), self.max_forget_bits)
         return f, torch.sigmoid(ig) * torch.tanh(g), torch.sigmoid(o), p
 
-    def forward_int(self, x, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
+    def forward_int(self, proj, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
         h1, h2, c1, c2 = self._split(state)
         h, c = [h1, h2], [c1, c2]
         grp = self._group(buf, mask, guard)
         for i in (0, 1):
-            f, ig, o, p = self._gates(i, x, to_float(h[1 - i]))
+            f, ig, o, p = self._gates(i, proj, to_float(h[1 - i]))
             c[i] = grp.push(c[i], f, ig)
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def reverse_int(self, x, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
+    def reverse_int(self, proj, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
         h1, h2, c1, c2 = self._split(state)
         h, c = [h1, h2], [c1, c2]
         grp = self._group(buf, mask, guard)
         for i in (1, 0):
-            f, ig, o, p = self._gates(i, x, to_float(h[1 - i]))
+            f, ig, o, p = self._gates(i, proj, to_float(h[1 - i]))
             # c[i] is still the new cell here
             h[i] = grp.pop(h[i], p, o * torch.tanh(to_float(c[i])), self._restore(i, restore))
             c[i] = grp.pop(c[i], f, ig)
         return torch.cat(h + c, 1)
 
-    def forward_diff(self, x, prev_f, new_state, mask) -> torch.Tensor:
+    def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)
         h, c = [h1, h2], [c1, c2]
         eh1, eh2, ec1, ec2 = self._split(new_state)
         eh, ec = [eh1, eh2], [ec1, ec2]
         grp = self._group(None, mask, None)
         for i in (0, 1):
-            f, ig, o, p = self._gates(i, x, h[1 - i])
+            f, ig, o, p = self._gates(i, proj, h[1 - i])
             c[i] = grp.diff(c[i], f, ig, ec[i])
             h[i] = grp.diff(h[i], p, o * torch.tanh(c[i]), eh[i])
         return torch.cat(h + c, 1)

@@ -32,6 +32,10 @@ from buffers import BufferError, FixedPointOverflowError, InformationBuffer, Ove
 from .cells import REV_CELLS, RevCell
 
 
+#: Layer 0's input projections are computed this many steps per matrix product (see InputProjection).
+PROJECTION_STEPS = 16
+
+
 class ReversalError(RuntimeError):
     """Reversal did not reconstruct the initial state exactly: the gradients would be wrong."""
 
@@ -65,6 +69,56 @@ class TensorInput:
         if self.grad is None:
             self.grad = torch.zeros_like(self.x)
         self.grad[t] += grad
+
+
+def project_steps(cell: RevCell, x: torch.Tensor) -> torch.Tensor:
+    """``cell.project`` of a whole [T, B, I] input, one product per chunk of the fixed grid
+    (steps [c·PROJECTION_STEPS, (c+1)·PROJECTION_STEPS)), as :class:`InputProjection` computes it."""
+    return torch.cat([cell.project(x[start: start + PROJECTION_STEPS]) for start in range(0, len(x), PROJECTION_STEPS)])
+
+
+class InputProjection:
+    """Layer 0's input projections (``cell.project``) for the sweeps, a chunk of steps at a time.
+
+    Per step, a cell needs only its recurrent product; the input's share of the gates is one
+    [steps·B, I] x [I, gates] product per chunk, far faster than one small product per step.
+    The chunks lie on a fixed grid, so the forward and the reverse sweep compute each step's
+    projection with the same call on the same data: bit-identical gates, which exact reversal
+    needs. One chunk is alive at a time, so memory stays O(chunk), not O(T). In the backward
+    sweep the projections' gradients are collected per chunk and sent through one product too.
+    """
+
+    def __init__(self, cell: RevCell, inputs: SequenceInput) -> None:
+        self.cell, self.inputs = cell, inputs
+        self._start, self._stop, self._values = 0, 0, None
+        self._grad: torch.Tensor | None = None
+
+    def _inputs(self) -> torch.Tensor:
+        return torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
+
+    def at(self, t: int) -> torch.Tensor:
+        """The projection of the input at step t (no graph)."""
+        if not self._start <= t < self._stop:
+            self._start = t - t % PROJECTION_STEPS
+            self._stop = min(self._start + PROJECTION_STEPS, len(self.inputs))
+            with torch.no_grad():
+                self._values = self.cell.project(self._inputs())
+            self._grad = None
+        return self._values[t - self._start]
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        """Receive d loss / d projection at step t; steps come in decreasing order, and the chunk's
+        gradient goes to the weights and inputs when its first step is reached."""
+        if self._grad is None:
+            self._grad = torch.zeros_like(self._values)
+        self._grad[t - self._start] = grad
+        if t == self._start:
+            with torch.enable_grad():
+                x = self._inputs().requires_grad_()
+                self.cell.project(x).backward(self._grad)
+            for s in range(self._start, self._stop):
+                self.inputs.backward(s, x.grad[s - self._start])
+            self._grad = None
 
 
 @dataclass
@@ -152,10 +206,18 @@ class ReversibleRNN(nn.Module):
         """Output columns of ``layer`` kept exactly as the attention slice (top layer only)."""
         return self.slice_dim if layer == self.num_layers - 1 else 0
 
-    def _layer_input(self, layer: int, inputs_t: torch.Tensor, below: torch.Tensor,
-                     dropout: list[torch.Tensor | None]) -> torch.Tensor:
-        """Layer 0 reads the inputs; layer l > 0 the output of the int state ``below`` of layer l − 1."""
-        return inputs_t if layer == 0 else self._drop(layer, self.cells[layer - 1].output(below), dropout)
+    def _layer_input(self, layer: int, below: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
+        """The input of layer l > 0: the output of the int state ``below`` of layer l − 1."""
+        return self._drop(layer, self.cells[layer - 1].output(below), dropout)
+
+    def _projection(self, layer: int, t: int, projection: InputProjection, below: torch.Tensor,
+                    dropout: list[torch.Tensor | None]) -> torch.Tensor:
+        """The projected input of ``layer`` at step t (no graph). Layer 0's inputs are known for
+        all steps and projected by chunks; a higher layer's exist only once the layer below has
+        made its step."""
+        if layer == 0:
+            return projection.at(t)
+        return self.cells[layer].project(self._layer_input(layer, below, dropout))
 
     @staticmethod
     def _drop(layer: int, x: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
@@ -178,11 +240,11 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
+        projection = InputProjection(self.cells[0], inputs)
         for t in range(steps):
-            x_t = inputs.at(t)
             for layer, cell in enumerate(self.cells):
-                x = self._layer_input(layer, x_t, states[layer - 1], tape.dropout)
-                states[layer] = cell.forward_int(x, states[layer], tape.buffer, mask[t], tape.guard,
+                p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                states[layer] = cell.forward_int(p, states[layer], tape.buffer, mask[t], tape.guard,
                                                  self._stored(layer))
             if tape.slices is not None:
                 tape.slices[t] = states[-1][:, : self.slice_dim]
@@ -219,6 +281,7 @@ class ReversibleRNN(nn.Module):
         states = tape.states
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
+        projection = InputProjection(self.cells[0], inputs)
         for t in reversed(range(steps)):
             if output_grad is not None:
                 g_out = output_grad(t, self.cells[top].output(states[top]))
@@ -226,26 +289,28 @@ class ReversibleRNN(nn.Module):
                     grads[top][:, : self.hidden_size] += g_out
             if slice_grad is not None:
                 grads[top][:, : self.slice_dim] += slice_grad[t]
-            x_t = inputs.at(t)
             for layer in reversed(range(self.num_layers)):
                 cell = self.cells[layer]
-                x = self._layer_input(layer, x_t, states[layer - 1], tape.dropout)
                 restore = None
                 if self._stored(layer):  # the stored slice holds this layer's previous output columns
                     restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
                 with torch.no_grad():
-                    prev = cell.reverse_int(x, states[layer], tape.buffer, tape.mask[t], tape.guard, restore)
-                # Re-run this one step with autograd from the exact previous state.
+                    p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                    prev = cell.reverse_int(p, states[layer], tape.buffer, tape.mask[t], tape.guard, restore)
+                # Re-run this one step with autograd from the exact previous state. Layer 0's graph
+                # starts at its projection (InputProjection backpropagates it a chunk at a time).
                 with torch.enable_grad():
                     prev_f = to_float(prev).requires_grad_()
-                    x_leaf = x.detach().requires_grad_()
-                    new_f = cell.forward_diff(x_leaf, prev_f, states[layer], tape.mask[t])
+                    leaf = (p if layer == 0 else self._layer_input(layer, states[layer - 1], tape.dropout))
+                    leaf = leaf.detach().requires_grad_()
+                    new_f = cell.forward_diff(leaf if layer == 0 else cell.project(leaf), prev_f, states[layer],
+                                              tape.mask[t])
                     torch.autograd.backward(new_f, grads[layer])
                 grads[layer] = prev_f.grad
                 if layer == 0:
-                    inputs.backward(t, x_leaf.grad)
+                    projection.backward(t, leaf.grad)
                 else:
-                    below = x_leaf.grad if tape.dropout[layer] is None else x_leaf.grad * tape.dropout[layer]
+                    below = leaf.grad if tape.dropout[layer] is None else leaf.grad * tape.dropout[layer]
                     grads[layer - 1][:, : self.hidden_size] += below
                 states[layer] = prev
         return grads
@@ -283,12 +348,16 @@ class ReversibleRNN(nn.Module):
         dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
         buf, guard = self.new_buffer(batch, device), OverflowGuard(device)
         outputs, slices = [], []
+        projected = project_steps(self.cells[0], x)  # the values the sweeps compute chunk by chunk
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
-                inp = x[t] if layer == 0 else self._drop(layer, floats[layer - 1][:, : self.hidden_size], dropout)
+                if layer == 0:
+                    p = projected[t]
+                else:
+                    p = cell.project(self._drop(layer, floats[layer - 1][:, : self.hidden_size], dropout))
                 with torch.no_grad():
-                    ints[layer] = cell.forward_int(inp, ints[layer], buf, mask[t], guard, self._stored(layer))
-                floats[layer] = cell.forward_diff(inp, floats[layer], ints[layer], mask[t])
+                    ints[layer] = cell.forward_int(p.detach(), ints[layer], buf, mask[t], guard, self._stored(layer))
+                floats[layer] = cell.forward_diff(p, floats[layer], ints[layer], mask[t])
             outputs.append(floats[-1][:, : self.hidden_size])
             slices.append(floats[-1][:, : self.slice_dim])
         guard.check()
@@ -303,5 +372,5 @@ class ReversibleRNN(nn.Module):
         new = []
         for layer, cell in enumerate(self.cells):
             inp = x if layer == 0 else self.cells[layer - 1].output(new[-1])
-            new.append(cell.forward_int(inp, states[layer], None, mask))
+            new.append(cell.forward_int(cell.project(inp), states[layer], None, mask))
         return new

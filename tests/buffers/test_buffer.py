@@ -5,6 +5,19 @@ from hypothesis import strategies as st
 
 from buffers import FORGET_ONE, BufferError, InformationBuffer
 
+# (device, fused): the compiled CPU loops, the tensor ops on CPU, and the tensor ops on CUDA.
+IMPLEMENTATIONS = [
+    pytest.param(("cpu", True), id="cpu-fused"),
+    pytest.param(("cpu", False), id="cpu-tensor"),
+    pytest.param(("cuda", False), id="cuda",
+                 marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request) -> tuple[str, bool]:
+    return request.param
+
 
 def _random_state(gen, batch, width, device):
     return torch.randint(-(2 ** 31), 2 ** 31 - 1, (batch, width), generator=gen, dtype=torch.int32).to(device)
@@ -19,12 +32,13 @@ def _random_z(gen, shape, zmin, device):
     return z.to(device)
 
 
-def _run_round_trip(device, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows"):
+def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows"):
     """Push `steps` rounds over groups of the given widths, pop them all, compare every state."""
+    device, fused = impl
     gen = torch.Generator().manual_seed(seed)
     widths = widths or [units]
     zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    buf = InformationBuffer(batch, units, device=device, max_bits=max_bits)
+    buf = InformationBuffer(batch, units, device=device, max_bits=max_bits, fused=fused)
     states = [_random_state(gen, batch, w, device) for w in widths]
     initial = [s.clone() for s in states]
     history = []
@@ -53,13 +67,41 @@ def _run_round_trip(device, batch, units, steps, seed, max_bits=None, widths=Non
 
 @settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 60), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 2, 3, 5, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]))
-def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind):
-    _run_round_trip("cpu", batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind)
+       max_bits=st.sampled_from([1, 2, 3, 5, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
+       fused=st.booleans())
+def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind, fused):
+    _run_round_trip(("cpu", fused), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind)
 
 
-def test_ten_thousand_steps_add_many_words(device):
-    buf = InformationBuffer(3, 4, device=device)
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 80), seed=st.integers(0, 2 ** 31),
+       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=3))
+def test_fused_and_tensor_paths_agree_bit_for_bit(batch, units, steps, seed, max_bits, widths):
+    gen = torch.Generator().manual_seed(seed)
+    zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
+    fused, tensor = (InformationBuffer(batch, units, max_bits=max_bits, fused=f) for f in (True, False))
+    states = [_random_state(gen, batch, w, "cpu") for w in widths]
+    history = []
+    for _ in range(steps):
+        for g, w in enumerate(widths):
+            z, mask = _random_z(gen, (batch, w), zmin, "cpu"), torch.rand(batch, w, generator=gen) < 0.8
+            out = fused.push_mul(states[g], z, mask)
+            assert torch.equal(out, tensor.push_mul(states[g], z, mask))
+            history.append((g, z, mask))
+            states[g] = out
+    assert fused.word_count() == tensor.word_count() and fused.allocated_bits() == tensor.allocated_bits()
+    assert fused.optimal_bits() == pytest.approx(tensor.optimal_bits(), rel=1e-12)
+    assert torch.equal(fused._curr, tensor._curr)
+    for g, z, mask in reversed(history):
+        out = fused.pop_div(states[g], z, mask)
+        assert torch.equal(out, tensor.pop_div(states[g], z, mask))
+        states[g] = out
+    assert fused.is_empty() and tensor.is_empty()
+
+
+def test_ten_thousand_steps_add_many_words(impl):
+    device, fused = impl
+    buf = InformationBuffer(3, 4, device=device, fused=fused)
     gen = torch.Generator().manual_seed(1)
     h0 = _random_state(gen, 3, 4, device)
     h, zs = h0, []
@@ -68,20 +110,20 @@ def test_ten_thousand_steps_add_many_words(device):
         h = buf.push_mul(h, zs[-1], None)
     words = buf.word_count()
     assert words > 250  # uniform z* forgets ~1.44 bits a step: ~300 words of 53+ bits were pushed
-    assert buf.syncs < words  # the stack height is read far less often than once a step
+    assert buf.syncs < words  # the stack height is read far less often than once a step (never when fused)
     for z in reversed(zs):
         h = buf.pop_div(h, z, None)
     assert torch.equal(h, h0) and buf.is_empty()
 
 
-def test_groups_of_different_widths_share_one_buffer(device):
+def test_groups_of_different_widths_share_one_buffer(impl):
     # e.g. h1 with an attention slice (narrower), h2, c1, c2 of a two-layer RevLSTM
-    _run_round_trip(device, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10])
+    _run_round_trip(impl, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10])
 
 
-def test_wide_groups_fold_onto_few_lanes(device):
+def test_wide_groups_fold_onto_few_lanes(impl):
     # 150-column halves on a 32-lane buffer: chunks of 32, 32, 32, 32, 22 columns per push
-    buf = _run_round_trip(device, batch=4, units=32, steps=30, seed=5, max_bits=3, widths=[150, 150, 20])
+    buf = _run_round_trip(impl, batch=4, units=32, steps=30, seed=5, max_bits=3, widths=[150, 150, 20])
     assert buf.pushes == 0
 
 
@@ -97,10 +139,11 @@ def test_folding_fills_words_better():
     assert narrow.allocated_bits() < wide.allocated_bits()
 
 
-def test_edge_values_round_trip(device):
+def test_edge_values_round_trip(impl):
+    device, fused = impl
     extremes = torch.tensor([[-(2 ** 31), 2 ** 31 - 1, -1, 0, 1]], dtype=torch.int32, device=device)
     for z_value in (1, 2, 1023, FORGET_ONE):
-        buf = InformationBuffer(1, 5, device=device)
+        buf = InformationBuffer(1, 5, device=device, fused=fused)
         z = torch.full((1, 5), z_value, device=device)
         h = extremes
         for _ in range(30):
@@ -142,8 +185,9 @@ def test_accounting():
     assert (words - 1) * 53 <= 3 * steps + 53
 
 
-def test_bad_dtype_shape_device_and_numerators():
-    buf = InformationBuffer(2, 3, max_bits=3)
+@pytest.mark.parametrize("fused", [True, False])
+def test_bad_dtype_shape_device_and_numerators(fused):
+    buf = InformationBuffer(2, 3, max_bits=3, fused=fused)
     h = torch.zeros(2, 3, dtype=torch.int32)
     z = torch.full((2, 3), 512)
     with pytest.raises(TypeError, match="int32"):
@@ -165,7 +209,7 @@ def test_bad_dtype_shape_device_and_numerators():
     with pytest.raises(ValueError, match=r"\[128, 1024\]"):
         buf.push_mul(h, torch.full((2, 3), 1025))
     with pytest.raises(ValueError, match=r"\[1, 1024\]"):
-        InformationBuffer(2, 3).push_mul(h, torch.zeros(2, 3, dtype=torch.int64))
+        InformationBuffer(2, 3, fused=fused).push_mul(h, torch.zeros(2, 3, dtype=torch.int64))
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="device"):
             buf.push_mul(h.cuda(), z.cuda())
@@ -174,14 +218,17 @@ def test_bad_dtype_shape_device_and_numerators():
     buf.push_mul(h, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([False, False]))
 
 
-def test_pop_errors():
-    buf = InformationBuffer(2, 4)
+@pytest.mark.parametrize("fused", [True, False])
+def test_pop_errors(fused):
+    buf = InformationBuffer(2, 4, fused=fused)
     h = torch.zeros(2, 4, dtype=torch.int32)
     with pytest.raises(BufferError, match="empty"):
         buf.pop_div(h, torch.full((2, 4), 512))
     buf.push_mul(h, torch.full((2, 4), 512))
     with pytest.raises(BufferError, match="mirror"):
         buf.pop_div(h[:, :3], torch.full((2, 3), 512))
+    with pytest.raises(BufferError, match="outside int32"):  # not the output of the push: decodes out of range
+        buf.pop_div(torch.full((2, 4), 2 ** 31 - 1, dtype=torch.int32), torch.full((2, 4), 1))
 
 
 def test_bad_construction():

@@ -58,7 +58,7 @@ def test_budgets_too_small_say_what_is_needed():
 
 
 def test_every_batch_the_sampler_forms_is_within_the_plan():
-    model, budget = _model(), 3 * 2 ** 20
+    model, budget = _model(), int(2.2 * 2 ** 20)
     plan = plan_budget(model, budget, "adam", LENGTHS, CPU)
     cost = StepCost(**plan.cost)
     sampler = BatchSampler(LENGTHS, batch_tokens=plan.batch_tokens, seed=3)
