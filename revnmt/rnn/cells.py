@@ -10,12 +10,13 @@ Every mode takes the layer input as its projection ``p = cell.project(x)`` (see 
 Modes (every one calls the same ``_gates`` code on the same float values, which is what makes
 the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
 - ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference).
-- ``reverse_int``: no grad, pops; returns the exact previous state.
-  Output columns stored exactly elsewhere (the top encoder layer's attention slice, ``stored``)
-  skip the buffer and are restored from the stored copy (``restore``), as in the paper.
+- ``reverse_diff``: pops to the exact previous state and backpropagates the step, with the same
+  gates (training by reversal). Output columns stored exactly elsewhere (the top encoder layer's
+  attention slice, ``stored``) skip the buffer and are restored from the stored copy
+  (``restore``), as in the paper.
 - ``forward_diff``: with grad, from float leaves of the previous state; its value is the exact
-  next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz).
-  Reversal re-runs one step of it; ordinary backprop runs all steps of it.
+  next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz),
+  the gradient ``reverse_diff`` computes too. Ordinary backprop (the reference) runs all steps of it.
 
 States are int32 tensors [B, state_size]: GRU [h1 | h2], LSTM [h1 | h2 | c1 | c2].
 """
@@ -82,11 +83,14 @@ class _Group:
             parts.append(self.buf.pop_div(h[:, stored:], zq[:, stored:], self.mask))
         return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
-    def diff(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-        """Float h(t) with value ``exact`` (int) and gradient of where(mask, z*·h + u, h)."""
+    def surrogate(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """where(mask, z*·h + u, h) on floats: what the update's gradient is taken from."""
         zq = straight_through(quantize_forget(z, self.max_bits) / FORGET_ONE, z)
-        surrogate = torch.where(self.mask[:, None], zq * h + u, h)
-        return straight_through(to_float(exact), surrogate)
+        return torch.where(self.mask[:, None], zq * h + u, h)
+
+    def diff(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+        """Float h(t) with value ``exact`` (int) and the gradient of :meth:`surrogate`."""
+        return straight_through(to_float(exact), self.surrogate(h, z, u))
 
 
 class RevCell(nn.Module):
@@ -126,7 +130,8 @@ class RevCell(nn.Module):
 
     def _recurrent(self, lin: nn.Linear, p: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The pre-activation of ``lin`` on [x; h], from x's projection ``p``."""
-        return torch.addmm(p, h, lin.weight[:, self.input_size:].t())
+        # mm, then add: addmm would first copy ``p``, a column slice of the projection.
+        return torch.mm(h, lin.weight[:, self.input_size:].t()) + p
 
     def _half_projection(self, p: torch.Tensor, i: int) -> torch.Tensor:
         return p.chunk(2, 1)[i]
@@ -144,6 +149,34 @@ class RevCell(nn.Module):
     def _restore(self, i: int, restore: torch.Tensor | None) -> torch.Tensor | None:
         n = 0 if restore is None else self._stored(i, restore.shape[1])
         return restore[:, i * self.half: i * self.half + n] if n else None
+
+    def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
+                     mask: torch.Tensor, guard: OverflowGuard | None = None,
+                     restore: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
+
+        ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
+        d loss / d previous state and d loss / d ``p``; parameter gradients accumulate in ``.grad``.
+        The gates that decode the buffer are computed once, with autograd, and differentiated:
+        reversing and then re-running the step would compute every gate twice. Half 2 is undone
+        first, from the new h1; half 1 then from the recovered h2. Half 2's graph reads the new
+        h1, so its gradient there joins ``grad`` before half 1 is backpropagated.
+        """
+        ints, grads = self._split(state), list(grad.split(self.half, 1))
+        grp = self._group(buf, mask, guard)
+        p = p.detach().requires_grad_()
+        new_h1 = to_float(ints[0]).requires_grad_()
+        olds: list[torch.Tensor | None] = [None] * len(ints)
+        graphs = {}
+        for i in (1, 0):
+            read = new_h1 if i == 1 else olds[1]
+            graphs[i] = self._reverse_half(i, p, read, ints, grp, self._restore(i, restore), olds)
+        columns, outputs = graphs[1]
+        torch.autograd.backward(outputs, [grads[j] for j in columns])
+        grads[0] = grads[0] + new_h1.grad
+        columns, outputs = graphs[0]
+        torch.autograd.backward(outputs, [grads[j] for j in columns])
+        return torch.cat(ints, 1), torch.cat([old.grad for old in olds], 1), p.grad
 
 
 class RevGRUCell(RevCell):
@@ -171,12 +204,13 @@ class RevGRUCell(RevCell):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def reverse_int(self, p, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
-        h = self._split(state)
-        grp = self._group(buf, mask, guard)
-        for i in (1, 0):
-            h[i] = grp.pop(h[i], *self._gates(i, p, to_float(h[1 - i])), self._restore(i, restore))
-        return torch.cat(h, 1)
+    def _reverse_half(self, i, p, read, ints, grp, restore, olds):
+        """Pop h_i in ``ints`` back to its previous value (a float leaf in ``olds``); return the
+        state columns it updates and their graphs (see :meth:`RevCell.reverse_diff`)."""
+        z, u = self._gates(i, p, read)
+        ints[i] = grp.pop(ints[i], z, u, restore)
+        olds[i] = to_float(ints[i]).requires_grad_()
+        return [i], [grp.surrogate(olds[i], z, u)]
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -219,16 +253,16 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def reverse_int(self, proj, state, buf, mask, guard=None, restore: torch.Tensor | None = None) -> torch.Tensor:
-        h1, h2, c1, c2 = self._split(state)
-        h, c = [h1, h2], [c1, c2]
-        grp = self._group(buf, mask, guard)
-        for i in (1, 0):
-            f, ig, o, p = self._gates(i, proj, to_float(h[1 - i]))
-            # c[i] is still the new cell here
-            h[i] = grp.pop(h[i], p, o * torch.tanh(to_float(c[i])), self._restore(i, restore))
-            c[i] = grp.pop(c[i], f, ig)
-        return torch.cat(h + c, 1)
+    def _reverse_half(self, i, proj, read, ints, grp, restore, olds):
+        """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]); see RevGRUCell."""
+        h, c = i, 2 + i
+        f, ig, o, p = self._gates(i, proj, read)
+        new_c = to_float(ints[c])  # the new cell, which the new h_i was made from
+        ints[h] = grp.pop(ints[h], p, o * torch.tanh(new_c), restore)
+        ints[c] = grp.pop(ints[c], f, ig)
+        olds[h], olds[c] = to_float(ints[h]).requires_grad_(), to_float(ints[c]).requires_grad_()
+        new_c = straight_through(new_c, grp.surrogate(olds[c], f, ig))
+        return [h, c], [grp.surrogate(olds[h], p, o * torch.tanh(new_c)), new_c]
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

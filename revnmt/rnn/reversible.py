@@ -9,8 +9,9 @@ Training by reversal (MacKay et al. 2018, §6 of our paper notes):
 2. ``backward_sweep`` walks t = T−1 … 0, top layer first. At each step it takes the gradient that
    arrives from outside (a per-step output callback, e.g. the decoder's attention and loss, and
    the gradient of the stored slice), reverses the layer one step to recover the exact previous
-   state, re-runs that one step with autograd from the recovered state and backpropagates it.
-   Only one step's graph is alive at any time, so saved activations do not grow with T.
+   state and backpropagates that step, through the very gates that decoded the buffer
+   (``reverse_diff``). Only one step's graph (and one chunk of input projections) is alive at
+   any time, so saved activations do not grow with T.
 3. At the end the reconstructed initial state must equal the true one and the buffer must be
    empty; otherwise :class:`ReversalError` — gradients are never silently wrong.
 
@@ -84,27 +85,39 @@ class InputProjection:
     [steps·B, I] x [I, gates] product per chunk, far faster than one small product per step.
     The chunks lie on a fixed grid, so the forward and the reverse sweep compute each step's
     projection with the same call on the same data: bit-identical gates, which exact reversal
-    needs. One chunk is alive at a time, so memory stays O(chunk), not O(T). In the backward
-    sweep the projections' gradients are collected per chunk and sent through one product too.
+    needs. One chunk is alive at a time, so memory stays O(chunk), not O(T).
+
+    In the backward sweep (after :meth:`for_backward`) each chunk keeps its graph; the steps'
+    gradients are collected and sent through it at once when the chunk's first step is reached.
+    The forward sweep of a model in training computes its last chunk with the graph already
+    (``keep_last``): the backward sweep starts there, so a sentence shorter than one chunk has
+    its projections computed once, as in an ordinary RNN.
     """
 
-    def __init__(self, cell: RevCell, inputs: SequenceInput) -> None:
-        self.cell, self.inputs = cell, inputs
-        self._start, self._stop, self._values = 0, 0, None
+    def __init__(self, cell: RevCell, inputs: SequenceInput, keep_last: bool = False) -> None:
+        self.cell, self.inputs, self.keep_last = cell, inputs, keep_last
+        self.with_graph = False
+        self._start, self._stop = 0, 0
+        self._x: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
         self._grad: torch.Tensor | None = None
 
-    def _inputs(self) -> torch.Tensor:
-        return torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
+    def for_backward(self) -> InputProjection:
+        """Switch to the backward sweep: chunks computed from now on keep their graphs."""
+        self.with_graph = True
+        return self
 
     def at(self, t: int) -> torch.Tensor:
         """The projection of the input at step t (no graph)."""
         if not self._start <= t < self._stop:
             self._start = t - t % PROJECTION_STEPS
             self._stop = min(self._start + PROJECTION_STEPS, len(self.inputs))
-            with torch.no_grad():
-                self._values = self.cell.project(self._inputs())
+            self._x = torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
+            graph = self.with_graph or (self.keep_last and self._stop == len(self.inputs))
+            with torch.set_grad_enabled(graph):
+                self._values = self.cell.project(self._x.requires_grad_(graph))
             self._grad = None
-        return self._values[t - self._start]
+        return self._values[t - self._start].detach()
 
     def backward(self, t: int, grad: torch.Tensor) -> None:
         """Receive d loss / d projection at step t; steps come in decreasing order, and the chunk's
@@ -113,12 +126,11 @@ class InputProjection:
             self._grad = torch.zeros_like(self._values)
         self._grad[t - self._start] = grad
         if t == self._start:
-            with torch.enable_grad():
-                x = self._inputs().requires_grad_()
-                self.cell.project(x).backward(self._grad)
+            self._values.backward(self._grad)
             for s in range(self._start, self._stop):
-                self.inputs.backward(s, x.grad[s - self._start])
-            self._grad = None
+                self.inputs.backward(s, self._x.grad[s - self._start])
+            self._x = self._values = self._grad = None
+            self._stop = self._start  # released: a later at() computes afresh
 
 
 @dataclass
@@ -132,6 +144,7 @@ class Tape:
     dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
     slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
     guard: OverflowGuard
+    projection: InputProjection | None = None  # layer 0's input projections: one chunk at a time
 
     def stored_bits(self) -> dict[str, float]:
         """Analytic bits this tape holds for backward: buffer words and stored slices."""
@@ -240,10 +253,10 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
-        projection = InputProjection(self.cells[0], inputs)
+        tape.projection = InputProjection(self.cells[0], inputs, keep_last=self.training)
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
-                p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                p = self._projection(layer, t, tape.projection, states[layer - 1], tape.dropout)
                 states[layer] = cell.forward_int(p, states[layer], tape.buffer, mask[t], tape.guard,
                                                  self._stored(layer))
             if tape.slices is not None:
@@ -281,7 +294,7 @@ class ReversibleRNN(nn.Module):
         states = tape.states
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
-        projection = InputProjection(self.cells[0], inputs)
+        projection = tape.projection.for_backward()
         for t in reversed(range(steps)):
             if output_grad is not None:
                 g_out = output_grad(t, self.cells[top].output(states[top]))
@@ -296,21 +309,17 @@ class ReversibleRNN(nn.Module):
                     restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
                 with torch.no_grad():
                     p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
-                    prev = cell.reverse_int(p, states[layer], tape.buffer, tape.mask[t], tape.guard, restore)
-                # Re-run this one step with autograd from the exact previous state. Layer 0's graph
-                # starts at its projection (InputProjection backpropagates it a chunk at a time).
                 with torch.enable_grad():
-                    prev_f = to_float(prev).requires_grad_()
-                    leaf = (p if layer == 0 else self._layer_input(layer, states[layer - 1], tape.dropout))
-                    leaf = leaf.detach().requires_grad_()
-                    new_f = cell.forward_diff(leaf if layer == 0 else cell.project(leaf), prev_f, states[layer],
-                                              tape.mask[t])
-                    torch.autograd.backward(new_f, grads[layer])
-                grads[layer] = prev_f.grad
+                    prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
+                                                                   tape.mask[t], tape.guard, restore)
+                # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
                 if layer == 0:
-                    projection.backward(t, leaf.grad)
+                    projection.backward(t, p_grad)
                 else:
-                    below = leaf.grad if tape.dropout[layer] is None else leaf.grad * tape.dropout[layer]
+                    with torch.enable_grad():
+                        x = self._layer_input(layer, states[layer - 1], tape.dropout).requires_grad_()
+                        cell.project(x).backward(p_grad)
+                    below = x.grad if tape.dropout[layer] is None else x.grad * tape.dropout[layer]
                     grads[layer - 1][:, : self.hidden_size] += below
                 states[layer] = prev
         return grads
