@@ -16,6 +16,8 @@ that fits --memory-budget, for the model and for its ordinary counterpart of the
 Running the command again resumes unfinished runs (train.py resumes exactly) and skips finished
 ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
 RUNS/results.md and RUNS/results.json; runs still training appear with their progress so far.
+``--results DIR`` also copies the table and each run's small files (logs, dev scores, test and memory
+reports; no checkpoints) to DIR, to be kept with the code.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import csv
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -93,6 +96,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
                         help="budget for the batch-tokens column (default: 2GiB; 256MiB with --quick)")
     parser.add_argument("--report", action="store_true", help="only tabulate what the run directories hold")
+    parser.add_argument("--results", type=Path, help="also copy the table and the runs' logs and reports here")
     args = parser.parse_args()
     names = {"core": [m.name for m in CORE], "all": list(MODELS)}.get(args.models, args.models.split(","))
     unknown = [n for n in names if n not in MODELS]
@@ -275,6 +279,21 @@ def hardware(args: argparse.Namespace) -> dict:
             "jobs": args.jobs, "threads_per_job": args.threads}
 
 
+KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", "memory.json")
+
+
+def publish(args: argparse.Namespace, names: list[str]) -> None:
+    """Copy the table and every run's small files (never checkpoints) to ``--results``."""
+    args.results.mkdir(parents=True, exist_ok=True)
+    for name in ("results.md", "results.json"):
+        shutil.copy2(args.runs / name, args.results / name)
+    for name in names:
+        (args.results / name).mkdir(exist_ok=True)
+        for kept in KEPT_FILES:
+            if (args.runs / name / kept).is_file():
+                shutil.copy2(args.runs / name / kept, args.results / name / kept)
+
+
 def main() -> int:
     args = parse_args()
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -287,6 +306,8 @@ def main() -> int:
     report = {"hardware": hardware(args), "quick": args.quick, "train_options": args.setup["train"],
               "memory_budget": args.memory_budget, "results": results}
     (args.runs / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.results:
+        publish(args, [r["model"] for r in results])
     return 0 if all(r["finished"] for r in results) and len(results) == len(args.models) else 1
 
 
