@@ -115,6 +115,11 @@ class RevCell(nn.Module):
         """Every Linear on [x; h_other], half 1's before half 2's."""
         raise NotImplementedError
 
+    @property
+    def project_width(self) -> int:
+        """Columns of :meth:`project`'s output."""
+        return sum(lin.out_features for lin in self._linears())
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The input's part of every gate pre-activation of both halves, biases included:
         [..., input] -> [..., gate columns of half 1 | of half 2].
@@ -124,9 +129,10 @@ class RevCell(nn.Module):
         one matrix product. Forward and reverse must use the same projection values (the same
         call on the same data), or a gate could differ by an ulp and the reverse go wrong.
         """
-        linears = self._linears()
-        weight = torch.cat([lin.weight[:, : self.input_size] for lin in linears])
-        return torch.nn.functional.linear(x, weight, torch.cat([lin.bias for lin in linears]))
+        # One product per Linear on a view of its weight: a concatenated weight would be a
+        # parameter-sized copy that autograd keeps alive with every chunk's graph.
+        return torch.cat([torch.nn.functional.linear(x, lin.weight[:, : self.input_size], lin.bias)
+                          for lin in self._linears()], -1)
 
     def _recurrent(self, lin: nn.Linear, p: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The pre-activation of ``lin`` on [x; h], from x's projection ``p``."""
