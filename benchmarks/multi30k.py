@@ -16,7 +16,9 @@ that fits --memory-budget, for the model and for its ordinary counterpart of the
 Running the command again resumes unfinished runs (train.py resumes exactly) and skips finished
 ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
 RUNS/results.md and RUNS/results.json; runs still training appear with their progress so far.
-``--results DIR`` also copies the table and each run's small files (logs, dev scores, test and memory
+``--speed N`` times N training batches of every model, one model at a time with the same threads
+(speed.json), so that the tokens/s column compares like with like; the runs' own averages depend on
+what else shared the machine. ``--results DIR`` also copies the table and each run's small files (logs, dev scores, test and memory
 reports; no checkpoints) to DIR, to be kept with the code.
 """
 
@@ -40,8 +42,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint  # noqa: E402
+from revnmt.data import BatchSampler, make_batch  # noqa: E402
 from revnmt.memory.sizes import format_bytes  # noqa: E402
-from revnmt.training.options import byte_size  # noqa: E402
+from revnmt.model import Seq2Seq  # noqa: E402
+from revnmt.training.data import load_data  # noqa: E402
+from revnmt.training.options import byte_size, model_config  # noqa: E402
+from revnmt.training.options import parse_args as train_args  # noqa: E402
+from revnmt.training.schedule import build_optimizer  # noqa: E402
+from revnmt.training.trainer import clip_and_step, compute_gradients  # noqa: E402
 
 POLL_S = 30.0  # how often running jobs' progress is checked
 
@@ -97,6 +105,8 @@ def parse_args() -> argparse.Namespace:
                         help="budget for the batch-tokens column (default: 2GiB; 256MiB with --quick)")
     parser.add_argument("--report", action="store_true", help="only tabulate what the run directories hold")
     parser.add_argument("--results", type=Path, help="also copy the table and the runs' logs and reports here")
+    parser.add_argument("--speed", type=int, default=0, metavar="N",
+                        help="time N training batches of each model side by side (after 5 warm-up batches)")
     args = parser.parse_args()
     names = {"core": [m.name for m in CORE], "all": list(MODELS)}.get(args.models, args.models.split(","))
     unknown = [n for n in names if n not in MODELS]
@@ -114,10 +124,14 @@ def parse_args() -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------- running
 
-def train_command(args: argparse.Namespace, model: Model) -> list[str]:
+def train_options(args: argparse.Namespace, model: Model) -> list[str]:
     data = ["--data-dir", args.data_dir] if args.data_dir else []
-    return [sys.executable, str(ROOT / "train.py"), "--data", "multi30k", *data, *model.options(),
-            *args.setup["train"], "--device", args.device, "--save-dir", str(args.runs / model.name)]
+    return ["--data", "multi30k", *data, *model.options(), *args.setup["train"], "--device", args.device,
+            "--save-dir", str(args.runs / model.name)]
+
+
+def train_command(args: argparse.Namespace, model: Model) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *train_options(args, model)]
 
 
 def memory_command(args: argparse.Namespace, model: Model) -> list[str]:
@@ -197,9 +211,38 @@ def last_progress_line(run: Path) -> str:
     return ""
 
 
+WARMUP_BATCHES = 5
+
+
+def measure_speed(args: argparse.Namespace) -> dict[str, float]:
+    """Training tokens/s of every model on the same Multi30K batches (64 sentences), one model at a
+    time in this process with ``--threads`` threads: fresh weights, Adam, clipping, as train.py."""
+    torch.set_num_threads(args.threads)
+    data = load_data(train_args(train_options(args, args.models[0])))  # the data options are shared
+    batches = BatchSampler(data.train.lengths, batch_size=64, seed=1).batches(1)[: WARMUP_BATCHES + args.speed]
+    speed = {}
+    for model in args.models:
+        options = train_args(train_options(args, model))
+        torch.manual_seed(options.seed)
+        net = Seq2Seq(model_config(options, len(data.src_vocab), len(data.tgt_vocab))).to(args.device)
+        optimizer = build_optimizer(options, net.parameters())
+        tokens, start = 0, time.perf_counter()
+        for i, indices in enumerate(batches):
+            if i == WARMUP_BATCHES:
+                tokens, start = 0, time.perf_counter()
+            batch = make_batch(data.train, indices).to(args.device)
+            compute_gradients(net, batch).item()  # .item(): the step is done (CUDA) before the clock reads
+            clip_and_step(optimizer, options.clip)
+            tokens += batch.n_tokens
+        speed[model.name] = tokens / (time.perf_counter() - start)
+        print(f"[{model.name}] {speed[model.name]:.0f} training tokens/s ({args.speed} batches, "
+              f"{args.threads} threads)", flush=True)
+    return speed
+
+
 # ---------------------------------------------------------------------------- the table
 
-def collect(args: argparse.Namespace, model: Model) -> dict | None:
+def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> dict | None:
     """What ``model``'s run directory says, or None if it has not started."""
     run = args.runs / model.name
     if not (run / LAST_CHECKPOINT).is_file():
@@ -215,7 +258,8 @@ def collect(args: argparse.Namespace, model: Model) -> dict | None:
         "dev_bleu": state["best_bleu"] if best else None,
         "best_epoch": int(best["epoch"]) if best else None,
         "minutes_to_best": int(best["elapsed_s"]) / 60 if best else None,
-        "train_tokens_per_s": state.get("train_tokens", 0) / state["train_s"] if state.get("train_s") else None,
+        "run_tokens_per_s": state.get("train_tokens", 0) / state["train_s"] if state.get("train_s") else None,
+        "tokens_per_s": speed.get(model.name),
     }
     if result["finished"]:
         test = json.loads((run / "test.json").read_text(encoding="utf-8"))
@@ -250,7 +294,7 @@ def markdown(results: list[dict], budget: int) -> str:
         return "–" if m is None else f"{m['actual_ratio']:.1f}× ({m['optimal_ratio']:.1f}×)"
 
     head = ("| model | attention | bits | test BLEU tok. | test sacreBLEU | dev BLEU | best epoch / trained | "
-            f"minutes to best | train tok/s | encoder actual (optimal) | decoder actual (optimal) | "
+            f"minutes to best | train tok/s (side by side) | encoder actual (optimal) | decoder actual (optimal) | "
             f"batch tokens in {format_bytes(budget)} |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
@@ -258,7 +302,7 @@ def markdown(results: list[dict], budget: int) -> str:
         lines.append(
             f"| {r['rnn']}{status} | {r['attention']} | {r['bits'] or '–'} | {num(r.get('test_tokenized_bleu'))} | "
             f"{num(r.get('test_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
-            f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['train_tokens_per_s'], '.0f')} | "
+            f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['tokens_per_s'], '.0f')} | "
             f"{ratio(r, 'encoder')} | {ratio(r, 'decoder')} | {num(budget_tokens(results, r), ',')} |")
     signatures = {r["sacrebleu_signature"] for r in results if r.get("sacrebleu_signature")}
     if signatures:
@@ -280,13 +324,15 @@ def hardware(args: argparse.Namespace) -> dict:
 
 
 KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", "memory.json")
+TABLE_FILES = ("results.md", "results.json", "speed.json")
 
 
 def publish(args: argparse.Namespace, names: list[str]) -> None:
     """Copy the table and every run's small files (never checkpoints) to ``--results``."""
     args.results.mkdir(parents=True, exist_ok=True)
-    for name in ("results.md", "results.json"):
-        shutil.copy2(args.runs / name, args.results / name)
+    for name in TABLE_FILES:
+        if (args.runs / name).is_file():
+            shutil.copy2(args.runs / name, args.results / name)
     for name in names:
         (args.results / name).mkdir(exist_ok=True)
         for kept in KEPT_FILES:
@@ -299,7 +345,11 @@ def main() -> int:
     args.runs.mkdir(parents=True, exist_ok=True)
     if not args.report:
         run_all(args)
-    results = [r for r in (collect(args, m) for m in args.models) if r is not None]
+    speed_file = args.runs / "speed.json"
+    if args.speed:
+        speed_file.write_text(json.dumps(measure_speed(args), indent=2) + "\n", encoding="utf-8")
+    speed = json.loads(speed_file.read_text(encoding="utf-8")) if speed_file.is_file() else {}
+    results = [r for r in (collect(args, m, speed) for m in args.models) if r is not None]
     table = markdown(results, args.memory_budget)
     print(table, end="")
     (args.runs / "results.md").write_text(table, encoding="utf-8")

@@ -1,0 +1,46 @@
+"""benchmarks/multi30k.py --quick as a user runs it: train, score, measure and tabulate two models."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from revnmt.data import find_multi30k
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_mode_fills_the_table(tmp_path):
+    try:
+        data = find_multi30k(download=False)
+    except FileNotFoundError:
+        pytest.skip("Multi30K is not on this machine")
+    runs, kept = tmp_path / "runs", tmp_path / "kept"
+    command = [sys.executable, str(REPO / "benchmarks/multi30k.py"), "--quick", "--data-dir", str(data),
+               "--models", "gru-hidden,revgru-emb+slice-3bit", "--runs", str(runs), "--jobs", "2", "--threads", "1",
+               "--speed", "2", "--results", str(kept)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    report = json.loads((runs / "results.json").read_text())
+    assert report["quick"] and report["hardware"]["torch"]
+    gru, revgru = report["results"]
+    assert gru["finished"] and revgru["finished"] and gru["epochs_trained"] == 2
+    for row in (gru, revgru):
+        assert 0 <= row["test_tokenized_bleu"] <= 100 and "case:lc" in row["sacrebleu_signature"]
+        assert row["tokens_per_s"] > 0 and row["run_tokens_per_s"] > 0
+    assert "memory" not in gru  # ordinary models have no buffer to measure
+    assert revgru["memory"]["decoder"]["actual_ratio"] > 1
+    tokens = revgru["budget"]["batch_tokens"]
+    assert tokens["reversible"] > tokens["ordinary"] > 0
+    table = (runs / "results.md").read_text()
+    assert f"{tokens['ordinary']:,}" in table and f"{tokens['reversible']:,}" in table  # GRU's row: same-size model
+    assert sorted(p.name for p in (kept / "revgru-emb+slice-3bit").iterdir()) == [
+        "config.json", "memory.json", "test.json", "train.log", "valid.tsv"]
+
+    # A second run finds everything done and trains nothing.
+    again = subprocess.run(command[:-4] + ["--report"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "train.py" not in again.stdout
