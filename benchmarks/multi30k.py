@@ -255,6 +255,7 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
         "model": model.name, "rnn": model.rnn, "attention": model.attention, "bits": model.bits,
         "finished": (run / "test.json").is_file(),
         "epochs_trained": len(rows),
+        "dev_bleu_by_epoch": [float(r["dev_bleu"]) for r in rows],
         "dev_bleu": state["best_bleu"] if best else None,
         "best_epoch": int(best["epoch"]) if best else None,
         "minutes_to_best": int(best["elapsed_s"]) / 60 if best else None,
@@ -304,11 +305,22 @@ def markdown(results: list[dict], budget: int) -> str:
             f"{num(r.get('test_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
             f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['tokens_per_s'], '.0f')} | "
             f"{ratio(r, 'encoder')} | {ratio(r, 'decoder')} | {num(budget_tokens(results, r), ',')} |")
+    lines += ["", dev_curves(results)]
     signatures = {r["sacrebleu_signature"] for r in results if r.get("sacrebleu_signature")}
     if signatures:
         lines.append("")
         lines.append("sacreBLEU signature: " + "; ".join(sorted(signatures)))
     return "\n".join(lines) + "\n"
+
+
+def dev_curves(results: list[dict]) -> str:
+    """Dev BLEU after every epoch, one column per model: how the runs compare while they train."""
+    head = "| epoch | " + " | ".join(f"{r['rnn']} {r['attention']}" for r in results) + " |"
+    lines = [head, "|---:|" + "---:|" * len(results)]
+    for epoch in range(max((r["epochs_trained"] for r in results), default=0)):
+        cells = [f"{r['dev_bleu_by_epoch'][epoch]:.2f}" if epoch < r["epochs_trained"] else "" for r in results]
+        lines.append(f"| {epoch + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def hardware(args: argparse.Namespace) -> dict:
