@@ -28,7 +28,7 @@ import math
 import torch
 
 from . import cpu_kernels
-from .fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN, min_forget_numerator
+from .fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN, FixedPointOverflowError, min_forget_numerator
 from .multiply import div_exact, mul_exact
 
 #: A live word at or above this value could exceed int64 in B·2^R_Z + r, so it is pushed first.
@@ -123,6 +123,62 @@ class InformationBuffer:
         out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
         self._flag_bad(out_of_range, _POP_RANGE_MESSAGE, BufferError)
         return h_new.to(torch.int32)
+
+    def push_update(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
+                    stored: int = 0) -> torch.Tensor:
+        """A whole update h ← z·h + u in one compiled call (``fused`` buffers, CPU), the same bit for
+        bit as ``quantize_forget``, ``to_fixed``, :meth:`push_mul` and ``checked_add`` in turn.
+
+        ``z`` and ``u`` are float gates and additive terms [batch, w]; ``mask`` [batch] leaves padded
+        rows unchanged. The first ``stored`` columns are kept exactly elsewhere (e.g. an attention
+        slice): they take the plain floor product and skip the buffer. Range errors raise at once.
+        """
+        self._check_fused("push_update", h, mask)
+        widths = [c.stop - c.start for c in self._chunks(h[:, stored:])] if stored < h.shape[1] else []
+        self._ensure_capacity(int(self._top) + len(widths) + 1, self.pushes + len(widths))
+        out = torch.empty_like(h)
+        status, lost = cpu_kernels.push_update(
+            h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored, self._curr.numpy(),
+            self._stack.numpy(), self._top.view(1).numpy(), self._flags.numpy(), self.pushes, WORD_LIMIT,
+            self.min_numerator, out.numpy())
+        if widths:
+            self._widths.extend(widths)
+            self._group_optimal.append(torch.tensor(lost, dtype=torch.float64))
+        self._raise_update_error(status)
+        return out
+
+    def pop_update(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
+                   stored: int = 0) -> torch.Tensor:
+        """The exact inverse of :meth:`push_update`, but for the first ``stored`` columns, which hold
+        h − u: the caller restores them from where they were kept."""
+        self._check_fused("pop_update", h, mask)
+        widths = [c.stop - c.start for c in self._chunks(h[:, stored:])] if stored < h.shape[1] else []
+        self._check_pop(widths)
+        out = torch.empty_like(h)
+        status = cpu_kernels.pop_update(
+            h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored, self._curr.numpy(),
+            self._stack.numpy(), self._top.view(1).numpy(), self._flags.numpy(), self.pushes - len(widths),
+            self.min_numerator, out.numpy())
+        if widths:
+            del self._widths[-len(widths):]
+            self._group_optimal.pop()
+        self._raise_update_error(status)
+        return out
+
+    def _check_fused(self, op: str, h: torch.Tensor, mask: torch.Tensor) -> None:
+        if not self.fused:
+            raise BufferError(f"{op} is the compiled CPU path: this buffer uses tensor ops (push_mul, pop_div)")
+        if h.dtype != torch.int32 or h.dim() != 2 or h.shape[0] != self.batch or mask.shape != (self.batch,):
+            raise ValueError(f"{op}: h must be int32 [{self.batch}, width] and mask [{self.batch}]")
+
+    @staticmethod
+    def _raise_update_error(status: int) -> None:
+        if status == cpu_kernels.TERM_OVERFLOW:
+            raise FixedPointOverflowError("fixed-point overflow in to_fixed: a value left the int32 range")
+        if status == cpu_kernels.STATE_OVERFLOW:
+            raise FixedPointOverflowError("fixed-point overflow in state update: a value left the int32 range")
+        if status == cpu_kernels.OUT_OF_RANGE:
+            raise BufferError(_POP_RANGE_MESSAGE)
 
     def _chunks(self, h: torch.Tensor) -> list[slice]:
         return [slice(i, min(i + self.units, h.shape[1])) for i in range(0, h.shape[1], self.units)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN
+from .fixed import FORGET_ONE, FORGET_RADIX, HIDDEN_RADIX, INT32_MAX, INT32_MIN
 
 _LOW_MASK = (1 << FORGET_RADIX) - 1
 
@@ -106,4 +106,93 @@ def pop_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarray
         if flags[first_flag + c]:
             top[0] -= 1
             curr[:] = stack[top[0]]
+    return status
+
+
+# ---------------------------------------------------------------------------- whole updates h ← z·h + u
+
+TERM_OVERFLOW, STATE_OVERFLOW = 3, 4
+_HIDDEN_SCALE = float(1 << HIDDEN_RADIX)
+
+
+@njit(cache=True, nogil=True)
+def _update_terms(z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, min_numerator: int, zq: np.ndarray,
+                  ui: np.ndarray) -> int:
+    """``quantize_forget(z)`` and ``to_fixed(u) · mask`` of :mod:`buffers.fixed`, element by element
+    with the same rounding (half to even, in float64) and clamps."""
+    status = OK
+    rows, width = z.shape
+    for b in range(rows):
+        for j in range(width):
+            q = np.rint(np.float64(z[b, j]) * FORGET_ONE)
+            zq[b, j] = min_numerator if not q >= min_numerator else (FORGET_ONE if q > FORGET_ONE else np.int64(q))
+            v = np.rint(np.float64(u[b, j]) * _HIDDEN_SCALE)
+            if not abs(v + 0.5) <= INT32_MAX + 0.5:  # "not <=" so that NaN counts as out of range
+                status = TERM_OVERFLOW
+                v = 0.0
+            ui[b, j] = np.int64(v) if rows_mask[b] else 0
+    return status
+
+
+@njit(cache=True, nogil=True)
+def _rows_active(rows_mask: np.ndarray, width: int) -> np.ndarray:
+    active = np.empty((rows_mask.shape[0], width), np.bool_)
+    for b in range(rows_mask.shape[0]):
+        active[b, :] = rows_mask[b]
+    return active
+
+
+@njit(cache=True, nogil=True)
+def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
+                stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int,
+                min_numerator: int, out: np.ndarray) -> tuple[int, float]:
+    """h ← z·h + u on rows where ``rows_mask``: z and u as floats, quantized and rounded here; the first
+    ``stored`` columns take the plain floor product (kept exactly elsewhere), the rest go through
+    the buffer (:func:`push_group`). Returns (status, bits destroyed)."""
+    rows, width = h.shape
+    zq = np.empty((rows, width), np.int64)
+    ui = np.empty((rows, width), np.int64)
+    status = _update_terms(z, u, rows_mask, min_numerator, zq, ui)
+    for b in range(rows):
+        for j in range(stored):
+            hv = np.int64(h[b, j])
+            out[b, j] = (hv >> FORGET_RADIX) * zq[b, j] if rows_mask[b] else hv
+    lost = 0.0
+    if stored < width:
+        _, lost = push_group(h[:, stored:], zq[:, stored:], _rows_active(rows_mask, width - stored), curr, stack,
+                             top, flags, first_flag, word_limit, min_numerator, out[:, stored:])
+    for b in range(rows):
+        for j in range(width):
+            s = np.int64(out[b, j]) + ui[b, j]
+            if s < INT32_MIN or s > INT32_MAX:
+                status = STATE_OVERFLOW
+                s = 0
+            out[b, j] = s
+    return status, lost
+
+
+@njit(cache=True, nogil=True)
+def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
+               stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, min_numerator: int,
+               out: np.ndarray) -> int:
+    """The inverse of :func:`push_update` for the buffered columns; the first ``stored`` columns of
+    ``out`` get h − u, for the caller to replace with the stored values."""
+    rows, width = h.shape
+    zq = np.empty((rows, width), np.int64)
+    ui = np.empty((rows, width), np.int64)
+    status = _update_terms(z, u, rows_mask, min_numerator, zq, ui)
+    before = np.empty((rows, width), np.int32)
+    for b in range(rows):
+        for j in range(width):
+            s = np.int64(h[b, j]) - ui[b, j]
+            if s < INT32_MIN or s > INT32_MAX:
+                status = STATE_OVERFLOW
+                s = 0
+            before[b, j] = s
+    out[:, :stored] = before[:, :stored]
+    if stored < width:
+        popped = pop_group(before[:, stored:], zq[:, stored:], _rows_active(rows_mask, width - stored), curr, stack,
+                           top, flags, first_flag, min_numerator, out[:, stored:])
+        if popped != OK:
+            status = popped
     return status

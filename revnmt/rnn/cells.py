@@ -63,6 +63,8 @@ class _Group:
     def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, stored: int = 0) -> torch.Tensor:
         """h ← z·h + u. The first ``stored`` columns are kept exactly elsewhere (the attention
         slice), so they skip the buffer; without a buffer (inference) every column does."""
+        if self.buf is not None and self.buf.fused:  # CPU: one compiled call instead of ~25 small ops
+            return self.buf.push_update(h, z, u, self.mask, stored)
         zq, ui = self._terms(z, u)
         if self.buf is None:
             stored = h.shape[1]
@@ -75,6 +77,11 @@ class _Group:
 
     def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, restore: torch.Tensor | None = None):
         """The inverse of :meth:`push`; ``restore`` gives the stored columns' previous values."""
+        if self.buf.fused:
+            h = self.buf.pop_update(h, z, u, self.mask, 0 if restore is None else restore.shape[1])
+            if restore is not None:
+                h[:, : restore.shape[1]] = restore
+            return h
         zq, ui = self._terms(z, u)
         h = checked_sub(h, ui, self.guard)
         stored = 0 if restore is None else restore.shape[1]

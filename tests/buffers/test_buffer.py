@@ -236,3 +236,34 @@ def test_bad_construction():
         InformationBuffer(0, 3)
     with pytest.raises(ValueError):
         InformationBuffer(2, 3, max_bits=4.5)
+
+
+def test_push_update_is_quantize_round_push_and_add_in_one_call():
+    from buffers import FixedPointOverflowError, checked_add, quantize_forget, to_fixed
+
+    gen = torch.Generator().manual_seed(4)
+    batch, width, stored = 5, 23, 4
+    fused, tensor = (InformationBuffer(batch, 6, max_bits=3, fused=f) for f in (True, False))
+    h = _random_state(gen, batch, width, "cpu") >> 4
+    history = []
+    for _ in range(40):
+        z, u = torch.rand(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
+        mask = torch.rand(batch, generator=gen) < 0.8
+        zq, ui = quantize_forget(z, 3), to_fixed(u) * mask[:, None]
+        lossy = torch.where(mask[:, None], (h[:, :stored].long() >> 10) * zq[:, :stored], h[:, :stored].long())
+        want = checked_add(torch.cat([lossy.int(), tensor.push_mul(h[:, stored:], zq[:, stored:], mask)], 1), ui)
+        got = fused.push_update(h, z, u, mask, stored)
+        assert torch.equal(got, want)
+        history.append((h, z, u, mask))
+        h = got
+    assert fused.optimal_bits() == pytest.approx(tensor.optimal_bits(), rel=1e-12)
+    for before, z, u, mask in reversed(history):
+        back = fused.pop_update(h, z, u, mask, stored)
+        assert torch.equal(back[:, stored:], before[:, stored:])  # the stored columns are the caller's to restore
+        h = torch.cat([before[:, :stored], back[:, stored:]], 1)
+    assert fused.is_empty()
+
+    with pytest.raises(FixedPointOverflowError, match="to_fixed"):
+        fused.push_update(h, torch.ones(batch, width), torch.full((batch, width), 300.0), torch.ones(batch, dtype=torch.bool))
+    with pytest.raises(BufferError, match="compiled"):
+        tensor.push_update(h, torch.ones(batch, width), torch.zeros(batch, width), torch.ones(batch, dtype=torch.bool))
