@@ -135,15 +135,14 @@ class InformationBuffer:
         """
         self._check_fused("push_update", h, mask)
         widths = [c.stop - c.start for c in self._chunks(h[:, stored:])] if stored < h.shape[1] else []
-        self._ensure_capacity(int(self._top) + len(widths) + 1, self.pushes + len(widths))
+        self._reserve_fused(widths)
         out = torch.empty_like(h)
         status, lost = cpu_kernels.push_update(
             h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored, self._curr.numpy(),
             self._stack.numpy(), self._top.view(1).numpy(), self._flags.numpy(), self.pushes, WORD_LIMIT,
             self.min_numerator, out.numpy())
         if widths:
-            self._widths.extend(widths)
-            self._group_optimal.append(torch.tensor(lost, dtype=torch.float64))
+            self._record_fused_push(widths, lost)
         self._raise_update_error(status)
         return out
 
@@ -221,16 +220,14 @@ class InformationBuffer:
 
     def _push_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         widths = [c.stop - c.start for c in self._chunks(h)]
-        # On CPU the true height costs nothing to read: size the stack for this group exactly.
-        self._ensure_capacity(int(self._top) + len(widths) + 1, self.pushes + len(widths))
+        self._reserve_fused(widths)
         out = torch.empty_like(h)
         status, lost = cpu_kernels.push_group(
             h.numpy(), z.numpy(), self._active_array(h, active), self._curr.numpy(), self._stack.numpy(),
             self._top.view(1).numpy(), self._flags.numpy(), self.pushes, WORD_LIMIT, self.min_numerator, out.numpy())
         if status == cpu_kernels.BAD_NUMERATOR:
             raise ValueError(self._numerator_message())
-        self._widths.extend(widths)
-        self._group_optimal.append(torch.tensor(lost, dtype=torch.float64))
+        self._record_fused_push(widths, lost)
         return out
 
     def _pop_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
@@ -251,6 +248,14 @@ class InformationBuffer:
     @staticmethod
     def _active_array(h: torch.Tensor, active: torch.Tensor | None):
         return (torch.ones((), dtype=torch.bool) if active is None else active).expand_as(h).numpy()
+
+    def _reserve_fused(self, widths: list[int]) -> None:
+        # On CPU the true height costs nothing to read: size the stack for this group exactly.
+        self._ensure_capacity(int(self._top) + len(widths) + 1, self.pushes + len(widths))
+
+    def _record_fused_push(self, widths: list[int], lost: float) -> None:
+        self._widths.extend(widths)
+        self._group_optimal.append(torch.tensor(lost, dtype=torch.float64))
 
     def _ensure_capacity(self, words: int, pushes: int) -> None:
         if words > self._stack.shape[0]:
