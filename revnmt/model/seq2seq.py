@@ -168,12 +168,12 @@ class Seq2Seq(nn.Module):
         total = torch.zeros((), device=src.device)
         # Held outside autograd's saved tensors during the backward sweeps (memory accounting):
         # the buffers, the stored slices (int and float), the gradient of the attention memory and
-        # one sweep's chunk of input projections. The memory itself is saved by the attention and
-        # counted there.
+        # one sweep's working set (a chunk of input projections, one reverse step's temporaries).
+        # The memory itself is saved by the attention and counted there.
         batch = src.shape[1]
         self.last_held_bytes = (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
                                 + 2 * _nbytes(enc_tape.slices) + _nbytes(memory)
-                                + max(rnn.projection_bytes(batch) for rnn in (self.encoder, self.decoder))
+                                + max(rnn.work_bytes(batch) for rnn in (self.encoder, self.decoder))
                                 + self._logit_work_bytes(batch))
 
         def output_grad(t: int, out: torch.Tensor) -> torch.Tensor:

@@ -10,13 +10,14 @@ Every mode takes the layer input as its projection ``p = cell.project(x)`` (see 
 Modes (every one calls the same ``_gates`` code on the same float values, which is what makes
 the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
 - ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference).
-- ``reverse_diff``: pops to the exact previous state and backpropagates the step, with the same
-  gates (training by reversal). Output columns stored exactly elsewhere (the top encoder layer's
+- ``reverse_diff``: pops to the exact previous state and backpropagates the step by hand, with
+  the same gates (training by reversal). Output columns stored exactly elsewhere (the top encoder layer's
   attention slice, ``stored``) skip the buffer and are restored from the stored copy
   (``restore``), as in the paper.
 - ``forward_diff``: with grad, from float leaves of the previous state; its value is the exact
   next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz),
-  the gradient ``reverse_diff`` computes too. Ordinary backprop (the reference) runs all steps of it.
+  the gradient ``reverse_diff`` computes by hand. Ordinary backprop (the reference that the
+  hand-written derivatives are tested against) runs all steps of it through autograd.
 
 States are int32 tensors [B, state_size]: GRU [h1 | h2], LSTM [h1 | h2 | c1 | c2].
 """
@@ -40,6 +41,13 @@ from buffers import (
     to_fixed,
     to_float,
 )
+
+
+def _grad_of(param: nn.Parameter) -> torch.Tensor:
+    """``param.grad``, created as zeros on first use: the backward sweep accumulates into it by hand."""
+    if param.grad is None:
+        param.grad = torch.zeros_like(param)
+    return param.grad
 
 
 class _Group:
@@ -95,6 +103,14 @@ class _Group:
         zq = straight_through(quantize_forget(z, self.max_bits) / FORGET_ONE, z)
         return torch.where(self.mask[:, None], zq * h + u, h)
 
+    def backward(self, h: torch.Tensor, z: torch.Tensor, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gradients of :meth:`surrogate` w.r.t. h, z and u, from the gradient ``grad`` of its output."""
+        zq = quantize_forget(z, self.max_bits).to(grad.dtype) / FORGET_ONE
+        live = self.mask[:, None]
+        grad_u = grad * live  # a padded row passed h through: its z and u got no gradient
+        return torch.where(live, grad * zq, grad), grad_u * h, grad_u
+
     def diff(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
         """Float h(t) with value ``exact`` (int) and the gradient of :meth:`surrogate`."""
         return straight_through(to_float(exact), self.surrogate(h, z, u))
@@ -104,6 +120,11 @@ class RevCell(nn.Module):
     """Common plumbing: sizes, the forgetting limit, and the half/groups layout of the state."""
 
     groups_per_half = 1
+    #: [B, half]-sized float32 temporaries alive at once in :meth:`reverse_diff`: the step's working
+    #: set, which autograd never sees since the step is differentiated by hand. Measured peaks (300
+    #: units, tests/revnmt/rnn/test_saved_memory.py) are 25 (GRU) and 38 (LSTM), plus about 5 for the
+    #: scratch of the buffer's compiled pops; these bounds keep a margin.
+    reverse_temporaries = 32
 
     def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None) -> None:
         super().__init__()
@@ -121,6 +142,10 @@ class RevCell(nn.Module):
     def _linears(self) -> list[nn.Linear]:
         """Every Linear on [x; h_other], half 1's before half 2's."""
         raise NotImplementedError
+
+    def reverse_work_bytes(self, batch: int) -> int:
+        """Bytes of one :meth:`reverse_diff`'s temporaries over ``batch`` rows (memory accounting)."""
+        return self.reverse_temporaries * batch * self.half * 4
 
     @property
     def project_width(self) -> int:
@@ -140,6 +165,20 @@ class RevCell(nn.Module):
         # parameter-sized copy that autograd keeps alive with every chunk's graph.
         return torch.cat([torch.nn.functional.linear(x, lin.weight[:, : self.input_size], lin.bias)
                           for lin in self._linears()], -1)
+
+    @torch.no_grad()
+    def project_backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Backpropagate :meth:`project` by hand: accumulate the gradients of the weights' input
+        columns and of the biases, and return d loss / d x. (Autograd through the weight views
+        would first build a zero gradient of every whole weight, per call.)"""
+        x2, grad2 = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        linears = self._linears()
+        grad_x = torch.zeros_like(x2)
+        for lin, g in zip(linears, grad2.split([lin.out_features for lin in linears], 1)):
+            _grad_of(lin.weight)[:, : self.input_size].addmm_(g.t(), x2)
+            _grad_of(lin.bias).add_(g.sum(0))
+            grad_x.addmm_(g, lin.weight[:, : self.input_size])
+        return grad_x.view_as(x)
 
     def _recurrent(self, lin: nn.Linear, p: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The pre-activation of ``lin`` on [x; h], from x's projection ``p``."""
@@ -163,33 +202,38 @@ class RevCell(nn.Module):
         n = 0 if restore is None else self._stored(i, restore.shape[1])
         return restore[:, i * self.half: i * self.half + n] if n else None
 
+    @property
+    def _slope(self) -> float:
+        """d restrict_forget(σ) / dσ: the factor m of :func:`buffers.restrict_forget`."""
+        return forget_multiplier(self.max_forget_bits)
+
+    def _backward_recurrent(self, lin: nn.Linear, grad_pre: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Backpropagate :meth:`_recurrent`: accumulate ``lin``'s recurrent weight gradient and return
+        d loss / d h. (The input columns and the bias belong to :meth:`project`'s graph.)"""
+        _grad_of(lin.weight)[:, self.input_size:].addmm_(grad_pre.t(), h)
+        return torch.mm(grad_pre, lin.weight[:, self.input_size:])
+
+    @torch.no_grad()
     def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
                      mask: torch.Tensor, guard: OverflowGuard | None = None,
                      restore: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
         ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
-        d loss / d previous state and d loss / d ``p``; parameter gradients accumulate in ``.grad``.
-        The gates that decode the buffer are computed once, with autograd, and differentiated:
-        reversing and then re-running the step would compute every gate twice. Half 2 is undone
-        first, from the new h1; half 1 then from the recovered h2. Half 2's graph reads the new
-        h1, so its gradient there joins ``grad`` before half 1 is backpropagated.
+        d loss / d previous state and d loss / d ``p``; recurrent weight gradients accumulate in
+        ``.grad``. The gates that decode the buffer are computed once and differentiated by hand
+        (the derivative of :meth:`_Group.surrogate` through the gates, what ``forward_diff`` gives
+        autograd): a per-step autograd graph cost more than the step's arithmetic. Half 2 is undone
+        first, from the new h1; its gradient on h1 joins ``grad`` before half 1 is backpropagated.
         """
         ints, grads = self._split(state), list(grad.split(self.half, 1))
         grp = self._group(buf, mask, guard)
-        p = p.detach().requires_grad_()
-        new_h1 = to_float(ints[0]).requires_grad_()
-        olds: list[torch.Tensor | None] = [None] * len(ints)
-        graphs = {}
+        grad_p = [None, None]
         for i in (1, 0):
-            read = new_h1 if i == 1 else olds[1]
-            graphs[i] = self._reverse_half(i, p, read, ints, grp, self._restore(i, restore), olds)
-        columns, outputs = graphs[1]
-        torch.autograd.backward(outputs, [grads[j] for j in columns])
-        grads[0] = grads[0] + new_h1.grad
-        columns, outputs = graphs[0]
-        torch.autograd.backward(outputs, [grads[j] for j in columns])
-        return torch.cat(ints, 1), torch.cat([old.grad for old in olds], 1), p.grad
+            grad_read, grad_p[i] = self._reverse_half(i, p, to_float(ints[1 - i]), ints, grads, grp,
+                                                      self._restore(i, restore))
+            grads[1 - i] = grads[1 - i] + grad_read
+        return torch.cat(ints, 1), torch.cat(grads, 1), torch.cat(grad_p, 1)
 
 
 class RevGRUCell(RevCell):
@@ -203,12 +247,21 @@ class RevGRUCell(RevCell):
     def _linears(self) -> list[nn.Linear]:
         return [self.zr[0], self.g[0], self.zr[1], self.g[1]]
 
-    def _gates(self, i: int, p: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _activations(self, i: int, p: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """σ of z (before the limit), r, r·h_j and g of half i: what the gates and their derivatives need."""
         p_zr, p_g = self._half_projection(p, i).split([2 * self.half, self.half], 1)
         z, r = torch.sigmoid(self._recurrent(self.zr[i], p_zr, other)).chunk(2, 1)
+        rh = r * other
+        return z, r, rh, torch.tanh(self._recurrent(self.g[i], p_g, rh))
+
+    def _terms(self, acts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update's (z, u) from :meth:`_activations`."""
+        z, _, _, g = acts
         z = restrict_forget(z, self.max_forget_bits)
-        g = torch.tanh(self._recurrent(self.g[i], p_g, r * other))
         return z, (1 - z) * g
+
+    def _gates(self, i: int, p: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._terms(self._activations(i, p, other))
 
     def forward_int(self, p, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
         h = self._split(state)
@@ -217,13 +270,20 @@ class RevGRUCell(RevCell):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def _reverse_half(self, i, p, read, ints, grp, restore, olds):
-        """Pop h_i in ``ints`` back to its previous value (a float leaf in ``olds``); return the
-        state columns it updates and their graphs (see :meth:`RevCell.reverse_diff`)."""
-        z, u = self._gates(i, p, read)
+    def _reverse_half(self, i, p, read, ints, grads, grp, restore):
+        """Pop h_i in ``ints`` back to its previous value and turn ``grads[i]`` into its gradient;
+        return d loss / d ``read`` (h_j) and d loss / d half i's projection (see reverse_diff)."""
+        acts = self._activations(i, p, read)
+        sz, r, rh, g = acts
+        z, u = self._terms(acts)
         ints[i] = grp.pop(ints[i], z, u, restore)
-        olds[i] = to_float(ints[i]).requires_grad_()
-        return [i], [grp.surrogate(olds[i], z, u)]
+        grads[i], grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
+        grad_pre_g = grad_u * (1 - z) * (1 - g * g)
+        grad_rh = self._backward_recurrent(self.g[i], grad_pre_g, rh)
+        grad_pre_zr = torch.cat([(grad_z - grad_u * g) * self._slope * sz * (1 - sz),
+                                 grad_rh * read * r * (1 - r)], 1)
+        grad_read = self._backward_recurrent(self.zr[i], grad_pre_zr, read) + grad_rh * r
+        return grad_read, torch.cat([grad_pre_zr, grad_pre_g], 1)
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -242,6 +302,7 @@ class RevLSTMCell(RevCell):
     """
 
     groups_per_half = 2
+    reverse_temporaries = 48
 
     def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None = 3) -> None:
         super().__init__(input_size, hidden_size, max_forget_bits)
@@ -250,11 +311,18 @@ class RevLSTMCell(RevCell):
     def _linears(self) -> list[nn.Linear]:
         return list(self.gates)
 
-    def _gates(self, i: int, proj: torch.Tensor, other: torch.Tensor):
+    def _activations(self, i: int, proj: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """σ(f), tanh(g), σ(i), σ(o), σ(p) of half i (forget gates before their limit)."""
         f, g, ig, o, p = self._recurrent(self.gates[i], self._half_projection(proj, i), other).chunk(5, 1)
-        f = restrict_forget(torch.sigmoid(f), self.max_forget_bits)
-        p = restrict_forget(torch.sigmoid(p), self.max_forget_bits)
-        return f, torch.sigmoid(ig) * torch.tanh(g), torch.sigmoid(o), p
+        return torch.sigmoid(f), torch.tanh(g), torch.sigmoid(ig), torch.sigmoid(o), torch.sigmoid(p)
+
+    def _terms(self, acts: tuple[torch.Tensor, ...]):
+        """(f, i·g, o, p) from :meth:`_activations`: the cell's and the hidden state's update terms."""
+        f, g, ig, o, p = acts
+        return (restrict_forget(f, self.max_forget_bits), ig * g, o, restrict_forget(p, self.max_forget_bits))
+
+    def _gates(self, i: int, proj: torch.Tensor, other: torch.Tensor):
+        return self._terms(self._activations(i, proj, other))
 
     def forward_int(self, proj, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
         h1, h2, c1, c2 = self._split(state)
@@ -266,16 +334,22 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def _reverse_half(self, i, proj, read, ints, grp, restore, olds):
-        """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]); see RevGRUCell."""
+    def _reverse_half(self, i, proj, read, ints, grads, grp, restore):
+        """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) and turn their gradients
+        into the previous values'; see RevGRUCell."""
         h, c = i, 2 + i
-        f, ig, o, p = self._gates(i, proj, read)
-        new_c = to_float(ints[c])  # the new cell, which the new h_i was made from
-        ints[h] = grp.pop(ints[h], p, o * torch.tanh(new_c), restore)
-        ints[c] = grp.pop(ints[c], f, ig)
-        olds[h], olds[c] = to_float(ints[h]).requires_grad_(), to_float(ints[c]).requires_grad_()
-        new_c = straight_through(new_c, grp.surrogate(olds[c], f, ig))
-        return [h, c], [grp.surrogate(olds[h], p, o * torch.tanh(new_c)), new_c]
+        acts = self._activations(i, proj, read)
+        sf, g, ig, o, sp = acts
+        f, u_c, _, p = self._terms(acts)
+        tc = torch.tanh(to_float(ints[c]))  # of the new cell, which the new h_i was made from
+        ints[h] = grp.pop(ints[h], p, o * tc, restore)
+        ints[c] = grp.pop(ints[c], f, u_c)
+        grads[h], grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
+        grads[c], grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
+        grad_pre = torch.cat([grad_f * self._slope * sf * (1 - sf), grad_uc * ig * (1 - g * g),
+                              grad_uc * g * ig * (1 - ig), grad_uh * tc * o * (1 - o),
+                              grad_p * self._slope * sp * (1 - sp)], 1)
+        return self._backward_recurrent(self.gates[i], grad_pre, read), grad_pre
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

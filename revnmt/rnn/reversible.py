@@ -10,8 +10,9 @@ Training by reversal (MacKay et al. 2018, §6 of our paper notes):
    arrives from outside (a per-step output callback, e.g. the decoder's attention and loss, and
    the gradient of the stored slice), reverses the layer one step to recover the exact previous
    state and backpropagates that step, through the very gates that decoded the buffer
-   (``reverse_diff``). Only one step's graph (and one chunk of input projections) is alive at
-   any time, so saved activations do not grow with T.
+   (``reverse_diff``, differentiated by hand). Only one step's temporaries and one chunk of
+   input projections are alive at any time, and autograd saves nothing: memory does not grow
+   with T.
 3. At the end the reconstructed initial state must equal the true one and the buffer must be
    empty; otherwise :class:`ReversalError` — gradients are never silently wrong.
 
@@ -89,12 +90,12 @@ class InputProjection:
     projection with the same call on the same data: bit-identical gates, which exact reversal
     needs. One chunk is alive at a time, so memory stays O(chunk), not O(T).
 
-    In the backward sweep (``with_graph``) each chunk keeps its graph; the steps' gradients are
-    collected and sent through it at once when the chunk's first step is reached.
+    In the backward sweep the steps' gradients are collected and backpropagated through the
+    chunk at once (``cell.project_backward``) when its first step is reached.
     """
 
-    def __init__(self, cell: RevCell, inputs: SequenceInput, with_graph: bool = False) -> None:
-        self.cell, self.inputs, self.with_graph = cell, inputs, with_graph
+    def __init__(self, cell: RevCell, inputs: SequenceInput) -> None:
+        self.cell, self.inputs = cell, inputs
         self._start, self._stop = 0, 0
         self._x: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
@@ -102,30 +103,32 @@ class InputProjection:
 
     @staticmethod
     def held_bytes(cell: RevCell, batch: int) -> int:
-        """Bytes of the one chunk of projections held outside autograd (memory accounting)."""
-        return PROJECTION_STEPS * batch * cell.project_width * 4
+        """Bytes of the one chunk held outside autograd (memory accounting): its inputs, its
+        projections and, in the backward sweep, their gradient."""
+        return PROJECTION_STEPS * batch * (cell.input_size + 2 * cell.project_width) * 4
 
+    @torch.no_grad()
     def at(self, t: int) -> torch.Tensor:
-        """The projection of the input at step t (no graph)."""
+        """The projection of the input at step t."""
         if not self._start <= t < self._stop:
             self._start = t - t % PROJECTION_STEPS
             self._stop = min(self._start + PROJECTION_STEPS, len(self.inputs))
             self._x = torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
-            with torch.set_grad_enabled(self.with_graph):
-                self._values = self.cell.project(self._x.requires_grad_(self.with_graph))
+            self._values = self.cell.project(self._x)
             self._grad = None
-        return self._values[t - self._start].detach()
+        return self._values[t - self._start]
 
     def backward(self, t: int, grad: torch.Tensor) -> None:
         """Receive d loss / d projection at step t; steps come in decreasing order, and the chunk's
         gradient goes to the weights and inputs when its first step is reached."""
         if self._grad is None:
-            self._grad = torch.zeros_like(self._values)
+            # Not zeros: the backward sweep visits every step of the chunk before it is used.
+            self._grad = torch.empty_like(self._values)
         self._grad[t - self._start] = grad
         if t == self._start:
-            self._values.backward(self._grad)
+            grad_x = self.cell.project_backward(self._x, self._grad)
             for s in range(self._start, self._stop):
-                self.inputs.backward(s, self._x.grad[s - self._start])
+                self.inputs.backward(s, grad_x[s - self._start])
             self._x = self._values = self._grad = None
             self._stop = self._start  # released: a later at() computes afresh
 
@@ -184,9 +187,11 @@ class ReversibleRNN(nn.Module):
         """Width of one layer's integer state (H for GRU, 2H for LSTM: h and c)."""
         return self.cells[0].state_size
 
-    def projection_bytes(self, batch: int) -> int:
-        """Bytes a sweep over ``batch`` rows holds in layer 0's input projections (one chunk)."""
-        return InputProjection.held_bytes(self.cells[0], batch)
+    def work_bytes(self, batch: int) -> int:
+        """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
+        one chunk of layer 0's input projections and one reverse step's temporaries."""
+        return InputProjection.held_bytes(self.cells[0], batch) + max(cell.reverse_work_bytes(batch)
+                                                                      for cell in self.cells)
 
     def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
         """Integer zeros for every layer."""
@@ -294,7 +299,7 @@ class ReversibleRNN(nn.Module):
         states = tape.states
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
-        projection = InputProjection(self.cells[0], inputs, with_graph=True)
+        projection = InputProjection(self.cells[0], inputs)
         for t in reversed(range(steps)):
             if output_grad is not None:
                 g_out = output_grad(t, self.cells[top].output(states[top]))
@@ -309,18 +314,14 @@ class ReversibleRNN(nn.Module):
                     restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
                 with torch.no_grad():
                     p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
-                with torch.enable_grad():
-                    prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
-                                                                   tape.mask[t], tape.guard, restore)
+                prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
+                                                               tape.mask[t], tape.guard, restore)
                 # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
                 if layer == 0:
                     projection.backward(t, p_grad)
                 else:
-                    with torch.enable_grad():
-                        x = self._layer_input(layer, states[layer - 1], tape.dropout).requires_grad_()
-                        cell.project(x).backward(p_grad)
-                    below = x.grad if tape.dropout[layer] is None else x.grad * tape.dropout[layer]
-                    grads[layer - 1][:, : self.hidden_size] += below
+                    below = cell.project_backward(self._layer_input(layer, states[layer - 1], tape.dropout), p_grad)
+                    grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, tape.dropout)
                 states[layer] = prev
         return grads
 

@@ -34,7 +34,7 @@ def _write_corpus(folder: Path) -> Path:
 
 def _run(script: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, input=stdin, capture_output=True,
-                          timeout=120)
+                          timeout=600)
 
 
 @pytest.fixture(scope="module")
