@@ -5,7 +5,8 @@
 One training step = forward + backward of a 1-layer, 300-unit layer over a [T, 64, 300] input with
 a loss on every output (so every step's output gradient is needed, as in a decoder). Reversible
 layers train by reversal (forward sweep, then reverse-and-recompute sweep); ordinary ones by
-autograd. The median of several timed repetitions after a warm-up is reported.
+autograd. The median of several timed repetitions after a warm-up is reported; the two layers'
+repetitions alternate.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _time(fn, device, repeats):
-    fn()  # warm-up
-    times = []
+def _time_pair(first, second, device, repeats):
+    """Median ms of each function, their repetitions interleaved so that a slow phase of a shared
+    machine weighs on both alike."""
+    first(), second()  # warm-up
+    times = ([], [])
     for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+        for fn, out in zip((first, second), times):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            out.append(time.perf_counter() - t0)
+    return tuple(1000 * statistics.median(t) for t in times)
 
 
 def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int, device: torch.device,
@@ -60,7 +64,7 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int, devic
         out, _ = ordinary(x)
         (out * w).sum().backward()
 
-    rev_ms, ord_ms = _time(rev_step, device, repeats), _time(ordinary_step, device, repeats)
+    rev_ms, ord_ms = _time_pair(rev_step, ordinary_step, device, repeats)
     return {"cell": "rev" + cell, "T": steps, "buffer_lanes": lanes, "reversible_ms": rev_ms, "ordinary_ms": ord_ms, "ratio": rev_ms / ord_ms}
 
 

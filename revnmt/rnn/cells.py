@@ -122,9 +122,9 @@ class RevCell(nn.Module):
     groups_per_half = 1
     #: [B, half]-sized float32 temporaries alive at once in :meth:`reverse_diff`: the step's working
     #: set, which autograd never sees since the step is differentiated by hand. Measured peaks (300
-    #: units, tests/revnmt/rnn/test_saved_memory.py) are 25 (GRU) and 38 (LSTM), plus about 5 for the
-    #: scratch of the buffer's compiled pops; these bounds keep a margin.
-    reverse_temporaries = 32
+    #: units, tests/revnmt/rnn/test_saved_memory.py) are 24 (GRU) and 36 (LSTM), plus about 5 for the
+    #: scratch of the buffer's compiled pops.
+    reverse_temporaries = 30
 
     def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None) -> None:
         super().__init__()
@@ -228,12 +228,14 @@ class RevCell(nn.Module):
         """
         ints, grads = self._split(state), list(grad.split(self.half, 1))
         grp = self._group(buf, mask, guard)
-        grad_p = [None, None]
+        # Each half writes its gate gradients into its columns of one tensor: concatenating them
+        # would double the step's largest temporaries (memory accounting counts this working set).
+        grad_p = torch.empty_like(p)
         for i in (1, 0):
-            grad_read, grad_p[i] = self._reverse_half(i, p, to_float(ints[1 - i]), ints, grads, grp,
-                                                      self._restore(i, restore))
+            grad_read = self._reverse_half(i, p, to_float(ints[1 - i]), ints, grads, grp,
+                                           self._restore(i, restore), self._half_projection(grad_p, i))
             grads[1 - i] = grads[1 - i] + grad_read
-        return torch.cat(ints, 1), torch.cat(grads, 1), torch.cat(grad_p, 1)
+        return torch.cat(ints, 1), torch.cat(grads, 1), grad_p
 
 
 class RevGRUCell(RevCell):
@@ -270,20 +272,20 @@ class RevGRUCell(RevCell):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def _reverse_half(self, i, p, read, ints, grads, grp, restore):
-        """Pop h_i in ``ints`` back to its previous value and turn ``grads[i]`` into its gradient;
-        return d loss / d ``read`` (h_j) and d loss / d half i's projection (see reverse_diff)."""
+    def _reverse_half(self, i, p, read, ints, grads, grp, restore, grad_pre):
+        """Pop h_i in ``ints`` back to its previous value, turn ``grads[i]`` into its gradient, write
+        d loss / d half i's projection into ``grad_pre`` and return d loss / d ``read`` (h_j)."""
         acts = self._activations(i, p, read)
         sz, r, rh, g = acts
         z, u = self._terms(acts)
         ints[i] = grp.pop(ints[i], z, u, restore)
         grads[i], grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
-        grad_pre_g = grad_u * (1 - z) * (1 - g * g)
+        grad_pre_z, grad_pre_r, grad_pre_g = grad_pre.split(self.half, 1)
+        torch.mul(grad_u * (1 - z), 1 - g * g, out=grad_pre_g)
         grad_rh = self._backward_recurrent(self.g[i], grad_pre_g, rh)
-        grad_pre_zr = torch.cat([(grad_z - grad_u * g) * self._slope * sz * (1 - sz),
-                                 grad_rh * read * r * (1 - r)], 1)
-        grad_read = self._backward_recurrent(self.zr[i], grad_pre_zr, read) + grad_rh * r
-        return grad_read, torch.cat([grad_pre_zr, grad_pre_g], 1)
+        torch.mul((grad_z - grad_u * g) * self._slope * sz, 1 - sz, out=grad_pre_z)
+        torch.mul(grad_rh * read * r, 1 - r, out=grad_pre_r)
+        return self._backward_recurrent(self.zr[i], grad_pre[:, : 2 * self.half], read) + grad_rh * r
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -302,7 +304,7 @@ class RevLSTMCell(RevCell):
     """
 
     groups_per_half = 2
-    reverse_temporaries = 48
+    reverse_temporaries = 42
 
     def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None = 3) -> None:
         super().__init__(input_size, hidden_size, max_forget_bits)
@@ -334,7 +336,7 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def _reverse_half(self, i, proj, read, ints, grads, grp, restore):
+    def _reverse_half(self, i, proj, read, ints, grads, grp, restore, grad_pre):
         """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) and turn their gradients
         into the previous values'; see RevGRUCell."""
         h, c = i, 2 + i
@@ -346,10 +348,13 @@ class RevLSTMCell(RevCell):
         ints[c] = grp.pop(ints[c], f, u_c)
         grads[h], grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
         grads[c], grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
-        grad_pre = torch.cat([grad_f * self._slope * sf * (1 - sf), grad_uc * ig * (1 - g * g),
-                              grad_uc * g * ig * (1 - ig), grad_uh * tc * o * (1 - o),
-                              grad_p * self._slope * sp * (1 - sp)], 1)
-        return self._backward_recurrent(self.gates[i], grad_pre, read), grad_pre
+        out_f, out_g, out_i, out_o, out_p = grad_pre.chunk(5, 1)
+        torch.mul(grad_f * self._slope * sf, 1 - sf, out=out_f)
+        torch.mul(grad_uc * ig, 1 - g * g, out=out_g)
+        torch.mul(grad_uc * g * ig, 1 - ig, out=out_i)
+        torch.mul(grad_uh * tc * o, 1 - o, out=out_o)
+        torch.mul(grad_p * self._slope * sp, 1 - sp, out=out_p)
+        return self._backward_recurrent(self.gates[i], grad_pre, read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

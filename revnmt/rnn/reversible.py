@@ -36,8 +36,11 @@ from .cells import REV_CELLS, RevCell
 
 #: Layer 0's input projections are computed this many steps per matrix product (see InputProjection).
 #: Measured (RevGRU, 300 units, batch 64, T = 50, one core): 1 step 369 ms, 4 steps 303 ms, 16 steps 292 ms
-#: per training step; a chunk held costs steps x batch x gate columns floats, so 4 is kept.
-PROJECTION_STEPS = 4
+#: per training step. A chunk is held memory, steps x batch x gate columns floats, a cost per sentence
+#: that short sentences feel most: under a 2 GiB budget on Multi30K (python -m revnmt.memory
+#: --checkpoint runs/quickstart --memory-budget 2GiB) 4 steps fit 284,114 tokens per batch (4.6x the
+#: GRU's) and 2 steps 317,487 (5.1x), for a backward sweep ~8% slower (T = 50: 199-204 ms against 178-185).
+PROJECTION_STEPS = 2
 
 
 class ReversalError(RuntimeError):
@@ -91,21 +94,23 @@ class InputProjection:
     needs. One chunk is alive at a time, so memory stays O(chunk), not O(T).
 
     In the backward sweep the steps' gradients are collected and backpropagated through the
-    chunk at once (``cell.project_backward``) when its first step is reached.
+    chunk at once (``cell.project_backward``) when its first step is reached. They are written
+    over the chunk's projections, which the reverse steps no longer need once they are done, and
+    the inputs are fetched again then rather than held: the chunk holds one tensor.
     """
 
     def __init__(self, cell: RevCell, inputs: SequenceInput) -> None:
         self.cell, self.inputs = cell, inputs
         self._start, self._stop = 0, 0
-        self._x: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
-        self._grad: torch.Tensor | None = None
 
     @staticmethod
     def held_bytes(cell: RevCell, batch: int) -> int:
-        """Bytes of the one chunk held outside autograd (memory accounting): its inputs, its
-        projections and, in the backward sweep, their gradient."""
-        return PROJECTION_STEPS * batch * (cell.input_size + 2 * cell.project_width) * 4
+        """Bytes of the one chunk held outside autograd (memory accounting)."""
+        return PROJECTION_STEPS * batch * cell.project_width * 4
+
+    def _inputs(self) -> torch.Tensor:
+        return torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
 
     @torch.no_grad()
     def at(self, t: int) -> torch.Tensor:
@@ -113,23 +118,19 @@ class InputProjection:
         if not self._start <= t < self._stop:
             self._start = t - t % PROJECTION_STEPS
             self._stop = min(self._start + PROJECTION_STEPS, len(self.inputs))
-            self._x = torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
-            self._values = self.cell.project(self._x)
-            self._grad = None
+            self._values = self.cell.project(self._inputs())
         return self._values[t - self._start]
 
     def backward(self, t: int, grad: torch.Tensor) -> None:
-        """Receive d loss / d projection at step t; steps come in decreasing order, and the chunk's
-        gradient goes to the weights and inputs when its first step is reached."""
-        if self._grad is None:
-            # Not zeros: the backward sweep visits every step of the chunk before it is used.
-            self._grad = torch.empty_like(self._values)
-        self._grad[t - self._start] = grad
+        """Receive d loss / d projection at step t, after step t's reverse step used the projection;
+        steps come in decreasing order, and the chunk's gradient goes to the weights and inputs
+        when its first step is reached."""
+        self._values[t - self._start] = grad
         if t == self._start:
-            grad_x = self.cell.project_backward(self._x, self._grad)
+            grad_x = self.cell.project_backward(self._inputs(), self._values)
             for s in range(self._start, self._stop):
                 self.inputs.backward(s, grad_x[s - self._start])
-            self._x = self._values = self._grad = None
+            self._values = None
             self._stop = self._start  # released: a later at() computes afresh
 
 
