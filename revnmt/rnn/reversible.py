@@ -39,7 +39,9 @@ from .cells import REV_CELLS, RevCell
 #: per training step. A chunk is held memory, steps x batch x gate columns floats, a cost per sentence
 #: that short sentences feel most: under a 2 GiB budget on Multi30K (python -m revnmt.memory
 #: --checkpoint runs/quickstart --memory-budget 2GiB) 4 steps fit 284,114 tokens per batch (4.6x the
-#: GRU's) and 2 steps 317,487 (5.1x), for a backward sweep ~8% slower (T = 50: 199-204 ms against 178-185).
+#: GRU's) and 2 steps 319,599 (5.2x), for a backward sweep ~8% slower (T = 50: 199-204 ms against 178-185).
+#: (Chunks of 4 steps for small batches only do not help the budget: the planner fits its cost model
+#: to probes of a few sentences.)
 PROJECTION_STEPS = 2
 
 
