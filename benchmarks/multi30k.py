@@ -16,7 +16,7 @@ that fits --memory-budget, for the model and for its ordinary counterpart of the
 Running the command again resumes unfinished runs (train.py resumes exactly) and skips finished
 ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
 RUNS/results.md and RUNS/results.json; runs still training appear with their progress so far.
-``--speed N`` times N training batches of every model, one model at a time with the same threads
+``--speed N`` times N training batches of every model, the models taking turns, with the same threads
 (speed.json), so that the tokens/s column compares like with like; the runs' own averages depend on
 what else shared the machine. ``--results DIR`` also copies the table and each run's small files (logs, dev scores, test and memory
 reports; no checkpoints) to DIR, to be kept with the code.
@@ -215,28 +215,34 @@ WARMUP_BATCHES = 5
 
 
 def measure_speed(args: argparse.Namespace) -> dict[str, float]:
-    """Training tokens/s of every model on the same Multi30K batches (64 sentences), one model at a
-    time in this process with ``--threads`` threads: fresh weights, Adam, clipping, as train.py."""
+    """Training tokens/s of every model on the same Multi30K batches (64 sentences), in this process
+    with ``--threads`` threads: fresh weights, Adam, clipping, as train.py. The models take turns
+    batch by batch, so that a slow phase of a shared machine weighs on all of them alike."""
     torch.set_num_threads(args.threads)
     data = load_data(train_args(train_options(args, args.models[0])))  # the data options are shared
     batches = BatchSampler(data.train.lengths, batch_size=64, seed=1).batches(1)[: WARMUP_BATCHES + args.speed]
-    speed = {}
+    nets, optimizers, clips = {}, {}, {}
     for model in args.models:
         options = train_args(train_options(args, model))
         torch.manual_seed(options.seed)
-        net = Seq2Seq(model_config(options, len(data.src_vocab), len(data.tgt_vocab))).to(args.device)
-        optimizer = build_optimizer(options, net.parameters())
-        tokens, start = 0, time.perf_counter()
-        for i, indices in enumerate(batches):
-            if i == WARMUP_BATCHES:
-                tokens, start = 0, time.perf_counter()
-            batch = make_batch(data.train, indices).to(args.device)
+        nets[model.name] = Seq2Seq(model_config(options, len(data.src_vocab), len(data.tgt_vocab))).to(args.device)
+        optimizers[model.name] = build_optimizer(options, nets[model.name].parameters())
+        clips[model.name] = options.clip
+    seconds = dict.fromkeys(nets, 0.0)
+    tokens = 0
+    for i, indices in enumerate(batches):
+        batch = make_batch(data.train, indices).to(args.device)
+        for name, net in nets.items():
+            start = time.perf_counter()
             compute_gradients(net, batch).item()  # .item(): the step is done (CUDA) before the clock reads
-            clip_and_step(optimizer, options.clip)
+            clip_and_step(optimizers[name], clips[name])
+            if i >= WARMUP_BATCHES:
+                seconds[name] += time.perf_counter() - start
+        if i >= WARMUP_BATCHES:
             tokens += batch.n_tokens
-        speed[model.name] = tokens / (time.perf_counter() - start)
-        print(f"[{model.name}] {speed[model.name]:.0f} training tokens/s ({args.speed} batches, "
-              f"{args.threads} threads)", flush=True)
+    speed = {name: tokens / seconds[name] for name in nets}
+    for name, value in speed.items():
+        print(f"[{name}] {value:.0f} training tokens/s ({args.speed} batches, {args.threads} threads)", flush=True)
     return speed
 
 
