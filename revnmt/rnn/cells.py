@@ -121,9 +121,9 @@ class RevCell(nn.Module):
 
     groups_per_half = 1
     #: [B, half]-sized float32 temporaries alive at once in :meth:`reverse_diff`: the step's working
-    #: set, which autograd never sees since the step is differentiated by hand. Measured peaks (300
-    #: units, tests/revnmt/rnn/test_saved_memory.py) are 24 (GRU) and 36 (LSTM), plus about 5 for the
-    #: scratch of the buffer's compiled pops.
+    #: set, which autograd never sees since the step is differentiated by hand. Measured peaks at 300
+    #: units are 24 (GRU) and 36 (LSTM), plus about 5 for the scratch of the buffer's compiled pops;
+    #: tests/revnmt/rnn/test_saved_memory.py checks the bound.
     reverse_temporaries = 30
 
     def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None) -> None:
@@ -209,7 +209,7 @@ class RevCell(nn.Module):
 
     def _backward_recurrent(self, lin: nn.Linear, grad_pre: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Backpropagate :meth:`_recurrent`: accumulate ``lin``'s recurrent weight gradient and return
-        d loss / d h. (The input columns and the bias belong to :meth:`project`'s graph.)"""
+        d loss / d h. (The input columns and the bias are :meth:`project_backward`'s.)"""
         _grad_of(lin.weight)[:, self.input_size:].addmm_(grad_pre.t(), h)
         return torch.mm(grad_pre, lin.weight[:, self.input_size:])
 
