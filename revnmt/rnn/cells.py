@@ -98,15 +98,19 @@ class _Group:
             parts.append(self.buf.pop_div(h[:, stored:], zq[:, stored:], self.mask))
         return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
+    def _factor(self, z: torch.Tensor) -> torch.Tensor:
+        """The factor z*/2^R_Z the update really multiplies by, as a float."""
+        return quantize_forget(z, self.max_bits) / FORGET_ONE
+
     def surrogate(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """where(mask, z*·h + u, h) on floats: what the update's gradient is taken from."""
-        zq = straight_through(quantize_forget(z, self.max_bits) / FORGET_ONE, z)
+        zq = straight_through(self._factor(z), z)
         return torch.where(self.mask[:, None], zq * h + u, h)
 
     def backward(self, h: torch.Tensor, z: torch.Tensor, grad: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The gradients of :meth:`surrogate` w.r.t. h, z and u, from the gradient ``grad`` of its output."""
-        zq = quantize_forget(z, self.max_bits).to(grad.dtype) / FORGET_ONE
+        zq = self._factor(z)
         live = self.mask[:, None]
         grad_u = grad * live  # a padded row passed h through: its z and u got no gradient
         return torch.where(live, grad * zq, grad), grad_u * h, grad_u
@@ -131,7 +135,9 @@ class RevCell(nn.Module):
         if hidden_size % 2:
             raise ValueError(f"reversible cells split the state in halves: hidden size must be even, got {hidden_size}")
         self.input_size, self.hidden_size, self.half = input_size, hidden_size, hidden_size // 2
-        forget_multiplier(max_forget_bits)  # validates the limit now rather than at the first step
+        # d restrict_forget(σ) / dσ, the factor m of buffers.restrict_forget; it also validates the limit
+        # now rather than at the first step.
+        self._slope = forget_multiplier(max_forget_bits)
         self.max_forget_bits = max_forget_bits
         self.state_size = hidden_size * self.groups_per_half
 
@@ -201,11 +207,6 @@ class RevCell(nn.Module):
     def _restore(self, i: int, restore: torch.Tensor | None) -> torch.Tensor | None:
         n = 0 if restore is None else self._stored(i, restore.shape[1])
         return restore[:, i * self.half: i * self.half + n] if n else None
-
-    @property
-    def _slope(self) -> float:
-        """d restrict_forget(σ) / dσ: the factor m of :func:`buffers.restrict_forget`."""
-        return forget_multiplier(self.max_forget_bits)
 
     def _backward_recurrent(self, lin: nn.Linear, grad_pre: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Backpropagate :meth:`_recurrent`: accumulate ``lin``'s recurrent weight gradient and return

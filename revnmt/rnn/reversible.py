@@ -231,14 +231,16 @@ class ReversibleRNN(nn.Module):
         """The input of layer l > 0: the output of the int state ``below`` of layer l − 1."""
         return self._drop(layer, self.cells[layer - 1].output(below), dropout)
 
+    @torch.no_grad()
     def _projection(self, layer: int, t: int, projection: InputProjection, below: torch.Tensor,
-                    dropout: list[torch.Tensor | None]) -> torch.Tensor:
-        """The projected input of ``layer`` at step t (no graph). Layer 0's inputs are known for
-        all steps and projected by chunks; a higher layer's exist only once the layer below has
-        made its step."""
+                    dropout: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The projected input of ``layer`` at step t, and the input itself for a layer above 0
+        (None for layer 0, whose chunk keeps its own). Layer 0's inputs are known for all steps
+        and projected by chunks; a higher layer's exist only once the layer below has made its step."""
         if layer == 0:
-            return projection.at(t)
-        return self.cells[layer].project(self._layer_input(layer, below, dropout))
+            return projection.at(t), None
+        x = self._layer_input(layer, below, dropout)
+        return self.cells[layer].project(x), x
 
     @staticmethod
     def _drop(layer: int, x: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
@@ -264,7 +266,7 @@ class ReversibleRNN(nn.Module):
         projection = InputProjection(self.cells[0], inputs)
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
-                p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                p, _ = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
                 states[layer] = cell.forward_int(p, states[layer], tape.buffer, mask[t], tape.guard,
                                                  self._stored(layer))
             if tape.slices is not None:
@@ -315,15 +317,14 @@ class ReversibleRNN(nn.Module):
                 restore = None
                 if self._stored(layer):  # the stored slice holds this layer's previous output columns
                     restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
-                with torch.no_grad():
-                    p = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                p, x = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
                 prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
                                                                tape.mask[t], tape.guard, restore)
                 # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
                 if layer == 0:
                     projection.backward(t, p_grad)
                 else:
-                    below = cell.project_backward(self._layer_input(layer, states[layer - 1], tape.dropout), p_grad)
+                    below = cell.project_backward(x, p_grad)
                     grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, tape.dropout)
                 states[layer] = prev
         return grads
