@@ -7,8 +7,9 @@ semantics, see :mod:`buffers.multiply`) and the same bookkeeping (overflow slab 
 the buffer's own arrays, compiled by numba. Their results are bit-identical to the tensor path,
 which CUDA uses and the tests compare against.
 
-Python's (and numba's) ``//`` and ``%`` on integers are floor division and a non-negative remainder
-for positive divisors, the semantics Algorithm 1 needs; ``>>`` on int64 is arithmetic.
+Algorithm 1 needs floor division and a non-negative remainder for positive divisors; ``>>`` on int64
+is arithmetic. The divisions go through :func:`_divmod` rather than ``//`` and ``%``: a 64-bit
+integer division costs tens of cycles, and a pop spent most of its time in it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,29 @@ OK, BAD_NUMERATOR, OUT_OF_RANGE = 0, 1, 2
 # Bits destroyed by a numerator z*, R − log2 z*, looked up: a log2 per lane would cost more than the
 # arithmetic itself. numba freezes a global array into the compiled code.
 _LOST_BITS = FORGET_RADIX - np.log2(np.maximum(np.arange(FORGET_ONE + 1), 1).astype(np.float64))
+
+
+# 1/z* for every numerator, looked up by _divmod.
+_RECIPROCAL = 1.0 / np.maximum(np.arange(FORGET_ONE + 1), 1).astype(np.float64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _divmod(a: np.int64, z: np.int64) -> tuple[np.int64, np.int64]:
+    """Floor quotient and remainder of ``a`` by a numerator ``z`` in [1, 2^R_Z], |a| < 2^53.
+
+    The float estimate a·(1/z) is off by less than one (|a| < 2^53 is exact in float64 and the
+    product's relative error is ~2^-52), so one correction step lands on the exact floor; the loops
+    keep a = q·z + r whatever the estimate, so exactness does not hang on that bound.
+    """
+    q = np.int64(np.floor(np.float64(a) * _RECIPROCAL[z]))
+    r = a - q * z
+    while r < 0:
+        q -= 1
+        r += z
+    while r >= z:
+        q += 1
+        r -= z
+    return q, r
 
 
 @njit(cache=True, nogil=True)
@@ -68,9 +92,12 @@ def push_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarra
                 hv = np.int64(h[b, j])
                 if active[b, j]:
                     zj = np.int64(z[b, j])
-                    b1 = curr[b, k] * FORGET_ONE + (hv & _LOW_MASK)
-                    out[b, j] = (hv >> FORGET_RADIX) * zj + b1 % zj
-                    curr[b, k] = b1 // zj
+                    # b1 = curr·2^R + low bits of h reaches 2^63: divide curr (< WORD_LIMIT = 2^53) and
+                    # the small rest separately, b1 // z = (curr // z)·2^R + ((curr % z)·2^R + low) // z.
+                    q_curr, r_curr = _divmod(curr[b, k], zj)
+                    q_rest, r_rest = _divmod(r_curr * FORGET_ONE + (hv & _LOW_MASK), zj)
+                    out[b, j] = (hv >> FORGET_RADIX) * zj + r_rest
+                    curr[b, k] = q_curr * FORGET_ONE + q_rest
                     lost += _LOST_BITS[zj]
                 else:
                     out[b, j] = hv
@@ -95,8 +122,9 @@ def pop_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarray
                 hv = np.int64(h[b, j])
                 if active[b, j]:
                     zj = np.int64(z[b, j])
-                    b1 = curr[b, k] * zj + hv % zj
-                    value = (hv // zj) * FORGET_ONE + (b1 & _LOW_MASK)
+                    q, r = _divmod(hv, zj)
+                    b1 = curr[b, k] * zj + r
+                    value = q * FORGET_ONE + (b1 & _LOW_MASK)
                     curr[b, k] = b1 >> FORGET_RADIX
                     if value < INT32_MIN or value > INT32_MAX:
                         status = OUT_OF_RANGE
