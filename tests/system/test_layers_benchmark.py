@@ -1,0 +1,27 @@
+"""benchmarks/layers.py on tiny layers: the JSON the README's table is made from, and the breakdown."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_small_run_writes_every_case(tmp_path):
+    out = tmp_path / "layers.json"
+    command = [sys.executable, str(REPO / "benchmarks/layers.py"), "--device", "cpu", "--batch", "3", "--hidden", "8",
+               "--steps", "2", "5", "--repeats", "1", "--breakdown", "--json", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cpu")
+    assert [(c["cell"], c["T"]) for c in report["cases"]] == [("revgru", 2), ("revgru", 5), ("revlstm", 2),
+                                                              ("revlstm", 5)]
+    for case in report["cases"]:
+        assert case["reversible_ms"] > 0 and case["ordinary_ms"] > 0
+        assert abs(case["ratio"] - case["reversible_ms"] / case["ordinary_ms"]) < 1e-9
+        parts = case["breakdown_ms"]
+        assert parts["matrix_products"] > 0 and parts["buffer_loops"] > 0 and parts["other"] > 0
+        assert abs(parts["matrix_products"] + parts["buffer_loops"] + parts["other"] - parts["profiled_step"]) < 1e-6
