@@ -53,7 +53,7 @@ def _time_pair(first, second, device, repeats):
     return tuple(1000 * statistics.median(t) for t in times)
 
 
-def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int, device: torch.device,
+def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None, device: torch.device,
                repeats: int, breakdown: bool = False) -> dict:
     torch.manual_seed(0)
     x = torch.randn(steps, batch, hidden, device=device, requires_grad=True)
@@ -72,7 +72,8 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int, devic
         (out * w).sum().backward()
 
     rev_ms, ord_ms = _time_pair(rev_step, ordinary_step, device, repeats)
-    case = {"cell": "rev" + cell, "T": steps, "buffer_lanes": lanes, "reversible_ms": rev_ms, "ordinary_ms": ord_ms,
+    case = {"cell": "rev" + cell, "T": steps, "buffer_lanes": rev.lanes_on(device), "reversible_ms": rev_ms,
+            "ordinary_ms": ord_ms,
             "ratio": rev_ms / ord_ms}
     if breakdown:
         case["breakdown_ms"] = profile_breakdown(rev_step, repeats)
@@ -102,8 +103,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=300)
     parser.add_argument("--steps", type=int, nargs="+", default=[14, 50])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--buffer-lanes", type=int, nargs="+", default=[16],
-                        help="buffer lanes per row to time (fewer: less memory, more push calls)")
+    parser.add_argument("--buffer-lanes", type=int, nargs="+", default=[None],
+                        help="buffer lanes per row to time (default: the layer's default for the device)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--breakdown", action="store_true",
                         help="also split the reversal step's time into products, buffer loops and the rest (cProfile)")
@@ -122,7 +123,7 @@ def main() -> None:
             for lanes in args.buffer_lanes:
                 case = bench_case(cell, steps, args.batch, args.hidden, lanes, device, args.repeats, args.breakdown)
                 report["cases"].append(case)
-                print(f"{case['cell']:8s} {steps:4d} {lanes:5d} {case['reversible_ms']:14.1f} "
+                print(f"{case['cell']:8s} {steps:4d} {case['buffer_lanes']:5d} {case['reversible_ms']:14.1f} "
                       f"{case['ordinary_ms']:12.1f} {case['ratio']:6.2f}")
                 if "breakdown_ms" in case:
                     b = case["breakdown_ms"]

@@ -22,7 +22,7 @@ class ModelConfig:
     attention: str = "emb+slice"
     slice_dim: int = 20
     max_forget_bits: int | None = 3
-    buffer_lanes: int = 16
+    buffer_lanes: int | None = None  # None: revnmt.rnn.reversible.DEFAULT_LANES for the device
     src_vocab: int = 0
     tgt_vocab: int = 0
 
@@ -55,7 +55,7 @@ class ModelConfig:
         if self.max_forget_bits not in MAX_FORGET_CHOICES:
             raise ValueError(f"--max-forget-bits must be one of 1, 2, 3, 5 or none, got {self.max_forget_bits!r}")
         for name in ("emb_dim", "hidden_size", "layers", "buffer_lanes"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reversible and self.hidden_size % 2:
             raise ValueError(f"reversible RNNs split the state in halves: --hidden-size must be even, "

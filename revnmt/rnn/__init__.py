@@ -1,7 +1,7 @@
 """Recurrent layers: reversible (trained by reversal) and ordinary (cuDNN) ones."""
 
 from .cells import REV_CELLS, RevGRUCell, RevLSTMCell
-from .reversible import ReversalError, ReversibleRNN, SequenceInput, Tape, TensorInput
+from .reversible import DEFAULT_LANES, ReversalError, ReversibleRNN, SequenceInput, Tape, TensorInput
 
-__all__ = ["REV_CELLS", "ReversalError", "ReversibleRNN", "RevGRUCell", "RevLSTMCell", "SequenceInput", "Tape",
+__all__ = ["DEFAULT_LANES", "REV_CELLS", "ReversalError", "ReversibleRNN", "RevGRUCell", "RevLSTMCell", "SequenceInput", "Tape",
            "TensorInput"]

@@ -45,6 +45,16 @@ from .cells import REV_CELLS, RevCell
 PROJECTION_STEPS = 2
 
 
+#: Buffer lanes per batch row when none are asked for (``buffer_lanes=None``), by where the buffer runs.
+#: On CPU the compiled loops make the lane count cost no time (benchmarks/layers.py --buffer-lanes 2 3 16 150
+#: runs within its noise), and few lanes fill their 64-bit words best. On the Multi30K RevGRU trained to its best
+#: dev BLEU (python -m revnmt.memory --checkpoint runs/multi30k/revgru-emb+slice-3bit --batches 20 --buffer-lanes N)
+#: the encoder / decoder ratios were 9.17x / 15.67x at 16 lanes, 9.86 / 15.98 at 5, 10.25 / 16.33 at 3, 10.13 /
+#: 16.39 at 2 and 10.16 / 16.38 at 1. The tensor ops that CUDA runs loop over a half's ⌈(H/2) / lanes⌉ chunks,
+#: each a few kernel launches, so there more lanes are faster.
+DEFAULT_LANES = {"compiled": 3, "tensor": 16}
+
+
 class ReversalError(RuntimeError):
     """Reversal did not reconstruct the initial state exactly: the gradients would be wrong."""
 
@@ -166,11 +176,13 @@ class ReversibleRNN(nn.Module):
         slice_dim: store the first ``slice_dim`` units of the top layer's output at every step,
             exactly, as attention memory (0: none).
         buffer_lanes: lanes per batch row of the information buffer. The state groups are folded
-            onto them; fewer lanes fill their 64-bit words better on short sentences.
+            onto them; fewer lanes fill their 64-bit words better on short sentences. ``None``: the
+            default for the device (:data:`DEFAULT_LANES`). The words feed the lowest bits of each
+            product, so the lane count is part of what a run computes.
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
-                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int = 16) -> None:
+                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None) -> None:
         super().__init__()
         if cell not in REV_CELLS:
             raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
@@ -178,6 +190,8 @@ class ReversibleRNN(nn.Module):
             raise ValueError(f"slice_dim must be in [0, hidden_size={hidden_size}], got {slice_dim}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if buffer_lanes is not None and buffer_lanes < 1:
+            raise ValueError(f"buffer_lanes must be positive, got {buffer_lanes}")
         self.cells: nn.ModuleList = nn.ModuleList(
             REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, max_forget_bits)
             for layer in range(num_layers)
@@ -209,8 +223,14 @@ class ReversibleRNN(nn.Module):
         overflows, so an unevenly loaded lane would set the size of all of them.
         """
         half = self.cells[0].half
-        lanes = math.ceil(half / math.ceil(half / min(self.buffer_lanes, half)))
+        lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
         return InformationBuffer(batch, lanes, device, self.max_forget_bits)
+
+    def lanes_on(self, device: torch.device) -> int:
+        """The lanes asked for, or the default where the buffer runs (compiled loops on CPU)."""
+        if self.buffer_lanes is not None:
+            return self.buffer_lanes
+        return DEFAULT_LANES["compiled" if torch.device(device).type == "cpu" else "tensor"]
 
     def draw_dropout(self, batch: int, device: torch.device) -> list[torch.Tensor | None]:
         """Inverted-dropout masks for the inputs of layers 1…L−1, one per batch (locked over time)."""

@@ -10,6 +10,7 @@ import torch
 from revnmt.data import SPECIALS
 from revnmt.memory.sizes import parse_bytes
 from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
+from revnmt.rnn import DEFAULT_LANES
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LR = {"adam": 1e-3, "sgd": 1.0}
@@ -115,7 +116,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--layers", type=int, default=defaults.layers, help="encoder and decoder layers")
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
-                       help="information-buffer lanes per sentence (reversible RNNs)")
+                       help="information-buffer lanes per sentence (reversible RNNs; default: "
+                       f"{DEFAULT_LANES['compiled']} on CPU, {DEFAULT_LANES['tensor']} on CUDA)")
 
 
 

@@ -135,11 +135,20 @@ def test_state_leaving_fixed_point_range_raises():
     (dict(slice_dim=11), "slice_dim"),
     (dict(dropout=1.0), "dropout"),
     (dict(max_forget_bits=0), "max forgotten bits"),
+    (dict(buffer_lanes=0), "buffer_lanes"),
 ])
 def test_bad_options(kwargs, match):
     args = dict(cell="revgru", input_size=4, hidden_size=10) | kwargs
     with pytest.raises(ValueError, match=match):
         ReversibleRNN(**args)
+
+
+def test_lanes_default_to_few_on_cpu_and_evenly_loaded():
+    rnn = ReversibleRNN("revgru", 4, 300)
+    assert rnn.lanes_on(torch.device("cpu")) == 3 and rnn.lanes_on(torch.device("cuda")) == 16
+    assert rnn.new_buffer(2, torch.device("cpu")).units == 3
+    # 150 columns asked onto 16 lanes: 10 chunks, so 15 lanes, each taking one column per chunk
+    assert ReversibleRNN("revgru", 4, 300, buffer_lanes=16).new_buffer(2, torch.device("cpu")).units == 15
 
 
 def test_stored_slice_columns_skip_the_buffer():
