@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Translate raw text with a trained checkpoint: one output line per input line.
 
-    python translate.py --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--reference test.de]
+    python translate.py --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--replace-unk] [--reference test.de]
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--reference", metavar="FILE", help="raw reference translations: print BLEU to stderr")
+    parser.add_argument("--replace-unk", action="store_true",
+                        help="replace each <unk> in the output by the source word attended most when it was produced")
     parser.add_argument("--max-len", type=int, metavar="N",
                         help="truncate inputs to this many tokens (default: the training --max-len, else 100)")
     args = parser.parse_args(argv)
@@ -67,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"translate.py: error: {error}", file=sys.stderr)
         return 2
 
-    hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size, progress=sys.stderr.isatty())
+    hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size, progress=sys.stderr.isatty(),
+                                replace_unk=args.replace_unk)
     data = "".join(f"{hyp}\n" for hyp in hyps).encode("utf-8")
     if args.output is None:
         sys.stdout.buffer.write(data)

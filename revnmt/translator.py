@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import PAD, SPECIALS, Detokenizer, Tokenizer, Vocabulary, sorted_batches
+from revnmt.data import PAD, SPECIALS, UNK, Detokenizer, Tokenizer, Vocabulary, sorted_batches
 from revnmt.model import Seq2Seq
 from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
 from revnmt.search import beam_search, greedy
@@ -61,23 +61,32 @@ class Translator:
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""
-        encoded, truncated = [], []
+        return [self.src_vocab.encode(tokens) for tokens in self._source_tokens(lines)]
+
+    def _source_tokens(self, lines: Sequence[str]) -> list[list[str]]:
+        tokenized, truncated = [], []
         for number, line in enumerate(lines, start=1):
             tokens = self.tokenizer.tokenize(line)
             if len(tokens) > self.max_input_len:
                 truncated.append(number)
                 tokens = tokens[: self.max_input_len]
-            encoded.append(self.src_vocab.encode(tokens))
+            tokenized.append(tokens)
         if truncated:
             shown = ", ".join(map(str, truncated[:_MAX_REPORTED_LINES]))
             more = f" and {len(truncated) - _MAX_REPORTED_LINES} more" if len(truncated) > _MAX_REPORTED_LINES else ""
             logger.warning("truncated %d input line(s) longer than %d tokens: line %s%s",
                            len(truncated), self.max_input_len, shown, more)
-        return encoded
+        return tokenized
 
-    def translate(self, lines: Sequence[str], beam: int = 5, batch_size: int = 32, progress: bool = False) -> list[str]:
-        """One detokenized translation per line, in input order (lines without tokens give "")."""
-        sources = self.encode(lines)
+    def translate(self, lines: Sequence[str], beam: int = 5, batch_size: int = 32, progress: bool = False,
+                  replace_unk: bool = False) -> list[str]:
+        """One detokenized translation per line, in input order (lines without tokens give "").
+
+        With ``replace_unk`` every ``<unk>`` of an output becomes the source word the attention weighed
+        most when it was predicted (OpenNMT's ``-replace_unk``, which the paper's BLEU used): names and
+        numbers outside the target vocabulary come through."""
+        source_words = self._source_tokens(lines)
+        sources = [self.src_vocab.encode(tokens) for tokens in source_words]
         todo = [i for i, ids in enumerate(sources) if ids]  # an encoder cannot run on no tokens
         outputs = [""] * len(lines)
         device = next(self.model.parameters()).device
@@ -92,12 +101,27 @@ class Translator:
                         hyps = greedy(self.model, src, src_len)
                     else:
                         hyps = beam_search(self.model, src, src_len, beam)
-                    for j, ids in zip(batch, hyps):
-                        outputs[todo[j]] = self.detokenizer.detokenize(self.tgt_vocab.decode(ids))
+                    hyp_words = [self.tgt_vocab.decode(ids) for ids in hyps]
+                    if replace_unk:
+                        self._replace_unknown(src, src_len, hyps, hyp_words, [source_words[todo[j]] for j in batch])
+                    for j, tokens in zip(batch, hyp_words):
+                        outputs[todo[j]] = self.detokenizer.detokenize(tokens)
                     bar.update(len(batch))
         finally:
             self.model.train(was_training)
         return outputs
+
+    def _replace_unknown(self, src: torch.Tensor, src_len: torch.Tensor, hyps: list[list[int]],
+                         outputs: list[list[str]], source_words: list[list[str]]) -> None:
+        """Put into ``outputs`` (the hypotheses' tokens) the source word aligned to each ``<unk>``."""
+        rows = [i for i, ids in enumerate(hyps) if UNK in ids]
+        if not rows:
+            return
+        index = torch.tensor(rows, device=src.device)
+        tgt, _ = _pad([hyps[i] for i in rows], src.device)
+        for i, positions in zip(rows, self.model.align(src[index], src_len[index], tgt).tolist()):
+            outputs[i] = [source_words[i][p] if token == UNK else word
+                          for token, word, p in zip(hyps[i], outputs[i], positions)]
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,8 +22,14 @@ class GeneralAttention(nn.Module):
         """query [N, Q] or [N, T, Q]; memory [N, S, M]; pad_mask [N, S] True on padding."""
         single = query.dim() == 2
         q = query.unsqueeze(1) if single else query
-        scores = torch.bmm(self.w_in(q), memory.transpose(1, 2))  # [N, T, S]
-        scores = scores.masked_fill(pad_mask.unsqueeze(1), float("-inf"))
-        context = torch.bmm(torch.softmax(scores, dim=-1), memory)
+        context = torch.bmm(self._weights(q, memory, pad_mask), memory)
         out = torch.tanh(self.w_out(torch.cat([context, q], dim=-1)))
         return out.squeeze(1) if single else out
+
+    def weights(self, query: torch.Tensor, memory: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        """The attention distribution [N, S] of a query [N, Q] over the memory (padding gets 0)."""
+        return self._weights(query.unsqueeze(1), memory, pad_mask).squeeze(1)
+
+    def _weights(self, q: torch.Tensor, memory: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        scores = torch.bmm(self.w_in(q), memory.transpose(1, 2))  # [N, T, S]
+        return torch.softmax(scores.masked_fill(pad_mask.unsqueeze(1), float("-inf")), dim=-1)

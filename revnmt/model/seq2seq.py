@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from buffers import to_float
-from revnmt.data.vocab import PAD
+from revnmt.data.vocab import BOS, PAD
 from revnmt.rnn import ReversibleRNN
 from revnmt.rnn.ordinary import OrdinaryRNN
 
@@ -267,15 +267,32 @@ class Seq2Seq(nn.Module):
     @torch.no_grad()
     def decode_step(self, enc: Encoded, state, prev: torch.Tensor):
         """Log-probabilities [N, V] of the next token after ``prev`` [N], and the new state."""
+        out, state = self._decoder_step(state, prev)
+        logits = self.generator(self.attention(out, enc.memory, enc.pad_mask))
+        return torch.log_softmax(logits, dim=-1), state
+
+    def _decoder_step(self, state, prev: torch.Tensor):
+        """The decoder's output [N, H] after reading ``prev`` [N] (the attention query), and its new state."""
         x = self.tgt_emb(prev)
         if self.cfg.reversible:
             state = self.decoder.step(x, state)
-            out = self.decoder.cells[-1].output(state[-1])
-        else:
-            out, state = self.decoder(x.unsqueeze(0), None, state)
-            out = out[0]
-        logits = self.generator(self.attention(out, enc.memory, enc.pad_mask))
-        return torch.log_softmax(logits, dim=-1), state
+            return self.decoder.cells[-1].output(state[-1]), state
+        out, state = self.decoder(x.unsqueeze(0), None, state)
+        return out[0], state
+
+    @torch.no_grad()
+    def align(self, src: torch.Tensor, src_len: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """For each token of the batch-major outputs ``tgt`` [B, T] (no BOS; padding after the end is
+        ignored), the source position the attention weighed most when the token was predicted: [B, T].
+        Computed by feeding ``tgt`` to the decoder, as the search did."""
+        enc = self.encode(src, src_len)
+        state, prev = enc.state, torch.full((len(tgt),), BOS, dtype=torch.long, device=tgt.device)
+        positions = []
+        for t in range(tgt.shape[1]):
+            out, state = self._decoder_step(state, prev)
+            positions.append(self.attention.weights(out, enc.memory, enc.pad_mask).argmax(-1))
+            prev = tgt[:, t]
+        return torch.stack(positions, 1) if positions else torch.zeros_like(tgt)
 
     def reorder_state(self, state, index: torch.Tensor):
         """Select rows ``index`` of a decoder state (beam search)."""

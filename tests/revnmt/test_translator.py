@@ -36,6 +36,10 @@ class CopyModel(nn.Module):
     def reorder_state(self, state, index):
         return state.index_select(0, index)
 
+    def align(self, src, src_len, tgt):
+        # the i-th output copies the i-th source word
+        return torch.arange(tgt.shape[1]).expand_as(tgt)
+
 
 def _copier(max_input_len=None) -> Translator:
     return Translator(CopyModel(), VOCAB, VOCAB, DataOptions("en", "en", lowercase=True, max_len=None),
@@ -51,6 +55,12 @@ def test_one_output_per_line_in_input_order(beam):
 
 def test_unknown_words_come_out_as_unk():
     assert _copier().translate(["A cat rides."]) == ["a <unk> rides."]
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_replace_unk_puts_the_aligned_source_word(beam):
+    lines = ["A cat rides.", "two dogs", "Zebras and cats."]
+    assert _copier().translate(lines, beam=beam, replace_unk=True) == ["a cat rides.", "two dogs", "zebras and cats."]
 
 
 def test_overlong_lines_are_truncated_with_a_warning(caplog):

@@ -78,7 +78,7 @@ def test_translate_reads_stdin_and_reports_bad_input(corpus, tmp_path):
     assert trained.returncode == 0, trained.stderr.decode()
 
     lines = b"A man.\n\n\xff\xfe broken bytes\r\nTwo dogs.\n"
-    translated = _run("translate.py", "--checkpoint", str(run / "last.pt"), "--beam", "1", stdin=lines)
+    translated = _run("translate.py", "--checkpoint", str(run / "last.pt"), "--beam", "1", "--replace-unk", stdin=lines)
     assert translated.returncode == 0, translated.stderr.decode()
     outputs = translated.stdout.decode("utf-8").split("\n")
     assert len(outputs) == 4 + 1 and outputs[1] == "" and outputs[-1] == ""  # one line each, newline-terminated

@@ -118,6 +118,20 @@ def test_decode_step_shapes_and_beam_reorder():
         model.reorder_state(state, torch.tensor([0, 0, 1, 3]))
 
 
+def test_align_follows_the_decoding_and_points_into_each_source():
+    for rnn in ("revgru", "lstm"):
+        model = _model(rnn, "emb+slice" if rnn.startswith("rev") else "hidden").eval()
+        src, src_len, *_ = _batch()
+        tgt = torch.randint(4, TGT_V, (len(src), 5))
+        positions = model.align(src, src_len, tgt)
+        assert positions.shape == tgt.shape and (positions >= 0).all()
+        assert (positions < src_len.unsqueeze(1)).all()  # never a padding position
+        # the first output is predicted from BOS alone: its alignment is that of the first decode step
+        enc = model.encode(src, src_len)
+        out, _ = model._decoder_step(enc.state, torch.full((len(src),), BOS))
+        assert torch.equal(positions[:, 0], model.attention.weights(out, enc.memory, enc.pad_mask).argmax(-1))
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(attention="bogus"), "unknown --attention"),
     (dict(attention="slice", slice_dim=7), "slice-dim"),
