@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """Translate raw text with a trained checkpoint: one output line per input line.
 
-    python translate.py --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--replace-unk] [--reference test.de]
+    python translate.py --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--replace-unk]
+                        [--reference test.de [--json scores.json]]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -33,11 +35,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--reference", metavar="FILE", help="raw reference translations: print BLEU to stderr")
+    parser.add_argument("--json", metavar="FILE", help="with --reference, also write the scores to this file")
     parser.add_argument("--replace-unk", action="store_true",
                         help="replace each <unk> in the output by the source word attended most when it was produced")
     parser.add_argument("--max-len", type=int, metavar="N",
                         help="truncate inputs to this many tokens (default: the training --max-len, else 100)")
     args = parser.parse_args(argv)
+    if args.json and not args.reference:
+        parser.error("--json writes the scores against --reference: give --reference too")
     for name in ("beam", "batch_size", "max_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -51,8 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="translate.py: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
-        if args.output is not None and not Path(args.output).resolve().parent.is_dir():
-            raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
+        for option, path in (("--output", args.output), ("--json", args.json)):
+            if path is not None and not Path(path).resolve().parent.is_dir():
+                raise FileNotFoundError(f"the folder of {option} {path} does not exist")
         if args.input is not None:
             lines = read_lines(args.input)
         references = read_lines(args.reference) if args.reference else None
@@ -78,8 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         atomic_write_bytes(args.output, data)
     if references is not None and lines:
-        for line in evaluate(hyps, references, translator.data).lines():
+        scores = evaluate(hyps, references, translator.data)
+        for line in scores.lines():
             print(line, file=sys.stderr)
+        if args.json:
+            result = {"input": args.input, "reference": args.reference, "beam": args.beam,
+                      "replace_unk": args.replace_unk, **scores.to_dict()}
+            atomic_write_bytes(args.json, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
     return 0
 
 

@@ -9,7 +9,8 @@ Every model trains with train.py in RUNS/<name>, with the paper's Multi30K setup
 1+1 layers, 300-unit embeddings and states, dropout 0.4, batch 64, tokenized and lowercased) and Adam
 (lr 1e-3, halved whenever the dev loss does not improve, stopped after 5 epochs without a better dev
 BLEU or below lr 1e-5, at most 30 epochs). train.py itself scores test2016 with best.pt at beam 5
-(test.json). Reversible models are then measured on their trained gates with
+(test.json); ``translate.py --replace-unk`` scores it again with every ``<unk>`` replaced by the attended
+source word, as the paper's BLEU was (test-replace-unk.json). Reversible models are then measured on their trained gates with
 ``python -m revnmt.memory --checkpoint`` (memory.json): encoder and decoder ratios, and the token batch
 that fits --memory-budget, for the model and for its ordinary counterpart of the same size.
 
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint  # noqa: E402
-from revnmt.data import BatchSampler, make_batch  # noqa: E402
+from revnmt.data import BatchSampler, language_file, make_batch, multi30k_prefix  # noqa: E402
 from revnmt.memory.sizes import format_bytes  # noqa: E402
 from revnmt.model import Seq2Seq  # noqa: E402
 from revnmt.training.data import load_data  # noqa: E402
@@ -86,11 +87,12 @@ MODELS = {m.name: m for m in CORE + EXTRA}
 
 # The campaign began when 16 buffer lanes were the default; they are pinned so that its runs resume exactly.
 # Lanes change only the lowest bits of the states; the memory reports measure the trained models at the default.
-FULL = {"train": ["--epochs", "30", "--test-beam", "5", "--save-every", "200", "--buffer-lanes", "16"],
+FULL = {"train": ["--epochs", "30", "--save-every", "200", "--buffer-lanes", "16"], "test_beam": 5,
         "memory_batches": 20, "budget": "2GiB"}
 # A pipeline check, not a result: 64-unit models on 1,000 pairs for 2 epochs, greedy test decoding.
-QUICK = {"train": ["--epochs", "2", "--train-limit", "1000", "--emb-dim", "64", "--hidden-size", "64",
-                   "--test-beam", "1"], "memory_batches": 2, "budget": "256MiB"}
+QUICK = {"train": ["--epochs", "2", "--train-limit", "1000", "--emb-dim", "64", "--hidden-size", "64"], "test_beam": 1,
+         "memory_batches": 2, "budget": "256MiB"}
+REPLACE_UNK_JSON = "test-replace-unk.json"
 
 
 def parse_args() -> argparse.Namespace:
@@ -128,8 +130,8 @@ def parse_args() -> argparse.Namespace:
 
 def train_options(args: argparse.Namespace, model: Model) -> list[str]:
     data = ["--data-dir", args.data_dir] if args.data_dir else []
-    return ["--data", "multi30k", *data, *model.options(), *args.setup["train"], "--device", args.device,
-            "--save-dir", str(args.runs / model.name)]
+    return ["--data", "multi30k", *data, *model.options(), *args.setup["train"], "--test-beam",
+            str(args.setup["test_beam"]), "--device", args.device, "--save-dir", str(args.runs / model.name)]
 
 
 def train_command(args: argparse.Namespace, model: Model) -> list[str]:
@@ -144,10 +146,22 @@ def memory_command(args: argparse.Namespace, model: Model) -> list[str]:
             "--json", str(run / "memory.json")]
 
 
+def replace_unk_command(args: argparse.Namespace, model: Model) -> list[str]:
+    """test2016 scored as the paper scored it, with ``<unk>`` replaced by the attended source word."""
+    run, test = args.runs / model.name, multi30k_prefix("test", args.data_dir)
+    return [sys.executable, str(ROOT / "translate.py"), "--checkpoint", str(run), "-i", str(language_file(test, "en")),
+            "-o", str(run / "test.replace-unk.hyp"), "--beam", str(args.setup["test_beam"]), "--replace-unk",
+            "--reference", str(language_file(test, "de")), "--json", str(run / REPLACE_UNK_JSON), "--device",
+            args.device]
+
+
 def pending_steps(args: argparse.Namespace, model: Model) -> list[list[str]]:
-    """The commands ``model`` still needs: training (until test.json exists), then the memory report."""
+    """The commands ``model`` still needs: training (until test.json exists), the test scores with
+    ``--replace-unk``, then the memory report."""
     run = args.runs / model.name
     steps = [] if (run / "test.json").is_file() else [train_command(args, model)]
+    if not (run / REPLACE_UNK_JSON).is_file():
+        steps.append(replace_unk_command(args, model))
     if model.reversible and not (run / "memory.json").is_file():
         steps.append(memory_command(args, model))
     return steps
@@ -274,6 +288,10 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
         test = json.loads((run / "test.json").read_text(encoding="utf-8"))
         result |= {"test_tokenized_bleu": test["tokenized_bleu"], "test_sacrebleu": test["sacrebleu"],
                    "sacrebleu_signature": test["signature"], "test_beam": test["beam"]}
+    if (run / REPLACE_UNK_JSON).is_file():
+        test = json.loads((run / REPLACE_UNK_JSON).read_text(encoding="utf-8"))
+        result |= {"test_replace_unk_tokenized_bleu": test["tokenized_bleu"],
+                   "test_replace_unk_sacrebleu": test["sacrebleu"]}
     if (run / "memory.json").is_file():
         memory = json.loads((run / "memory.json").read_text(encoding="utf-8"))
         result["memory"] = {side: {k: memory[side][k] for k in ("actual_ratio", "optimal_ratio")}
@@ -302,7 +320,8 @@ def markdown(results: list[dict], budget: int) -> str:
         m = row.get("memory", {}).get(side)
         return "–" if m is None else f"{m['actual_ratio']:.1f}× ({m['optimal_ratio']:.1f}×)"
 
-    head = ("| model | attention | bits | test BLEU tok. | test sacreBLEU | dev BLEU | best epoch / trained | "
+    head = ("| model | attention | bits | test BLEU tok. | test sacreBLEU | test BLEU tok. / sacreBLEU, --replace-unk | "
+            "dev BLEU | best epoch / trained | "
             f"minutes to best | train tok/s (side by side) | encoder actual (optimal) | decoder actual (optimal) | "
             f"batch tokens in {format_bytes(budget)} |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -310,7 +329,8 @@ def markdown(results: list[dict], budget: int) -> str:
         status = "" if r["finished"] else " (training)"
         lines.append(
             f"| {r['rnn']}{status} | {r['attention']} | {r['bits'] or '–'} | {num(r.get('test_tokenized_bleu'))} | "
-            f"{num(r.get('test_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
+            f"{num(r.get('test_sacrebleu'))} | {num(r.get('test_replace_unk_tokenized_bleu'))} / "
+            f"{num(r.get('test_replace_unk_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
             f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['tokens_per_s'], '.0f')} | "
             f"{ratio(r, 'encoder')} | {ratio(r, 'decoder')} | {num(budget_tokens(results, r), ',')} |")
     lines += ["", dev_curves(results)]
@@ -343,7 +363,7 @@ def hardware(args: argparse.Namespace) -> dict:
             "jobs": args.jobs, "threads_per_job": args.threads}
 
 
-KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", "memory.json")
+KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", REPLACE_UNK_JSON, "memory.json")
 TABLE_FILES = ("results.md", "results.json", "speed.json")
 
 
@@ -374,6 +394,7 @@ def main() -> int:
     print(table, end="")
     (args.runs / "results.md").write_text(table, encoding="utf-8")
     report = {"hardware": hardware(args), "quick": args.quick, "train_options": args.setup["train"],
+              "test_beam": args.setup["test_beam"],
               "memory_budget": args.memory_budget, "results": results}
     (args.runs / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.results:

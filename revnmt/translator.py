@@ -139,6 +139,11 @@ class Evaluation:
     sacrebleu: BleuResult
     tokenized_bleu: float  # the paper's metric: Moses-tokenized, lowercased, multi-bleu.perl style
 
+    def to_dict(self) -> dict:
+        """Both scores and sacreBLEU's signature (what test.json and ``translate.py --json`` hold)."""
+        return {"sacrebleu": self.sacrebleu.score, "signature": self.sacrebleu.signature,
+                "tokenized_bleu": self.tokenized_bleu}
+
     def lines(self) -> list[str]:
         """Both scores as printable lines, each saying what it is."""
         return [f"sacreBLEU: {self.sacrebleu}", f"tokenized lowercased BLEU (paper): {self.tokenized_bleu:.2f}"]

@@ -90,7 +90,7 @@ class ParallelCorpus:
         return len(self.src)
 
 
-def _language_file(prefix: str, lang: str) -> Path:
+def language_file(prefix: str, lang: str) -> Path:
     """Return ``PREFIX.LANG`` if it exists, else ``PREFIX.LANG.gz``."""
     candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
     for candidate in candidates:
@@ -107,8 +107,8 @@ def load_parallel(prefix: str | os.PathLike[str], src_lang: str, tgt_lang: str) 
     Pairs where either side is empty (or only whitespace) are dropped with a warning.
     """
     prefix = os.fspath(prefix)
-    src_path = _language_file(prefix, src_lang)
-    tgt_path = _language_file(prefix, tgt_lang)
+    src_path = language_file(prefix, src_lang)
+    tgt_path = language_file(prefix, tgt_lang)
     src = read_lines(src_path)
     tgt = read_lines(tgt_path)
     for path, lines in ((src_path, src), (tgt_path, tgt)):

@@ -158,6 +158,5 @@ def _test(args: argparse.Namespace, data: TrainingData, save_dir: Path) -> None:
     scores = evaluate(hyps, data.test_text.tgt, translator.data)
     for line in scores.lines():
         logger.info("test (%s, beam %d) %s", args.test, args.test_beam, line)
-    result = {"test": args.test, "beam": args.test_beam, "sacrebleu": scores.sacrebleu.score,
-              "signature": scores.sacrebleu.signature, "tokenized_bleu": scores.tokenized_bleu}
+    result = {"test": args.test, "beam": args.test_beam, **scores.to_dict()}
     atomic_write_bytes(save_dir / TEST_JSON, (json.dumps(result, indent=2) + "\n").encode("utf-8"))

@@ -1,5 +1,6 @@
 """train.py and translate.py as users run them: subprocesses, a tiny RevGRU, a few hundred pairs."""
 
+import json
 import random
 import subprocess
 import sys
@@ -62,12 +63,15 @@ def test_train_resume_translate(corpus, tmp_path):
 
     out = tmp_path / "test.hyp"
     translated = _run("translate.py", "--checkpoint", str(run), "-i", str(corpus / "test.en"), "-o", str(out),
-                      "--reference", str(corpus / "test.de"), "--beam", "3")
+                      "--reference", str(corpus / "test.de"), "--beam", "3", "--json", str(tmp_path / "scores.json"))
     assert translated.returncode == 0, translated.stderr.decode()
     assert len(out.read_text(encoding="utf-8").splitlines()) == SIZES["test"]
     err = translated.stderr.decode()
     assert "sacreBLEU: BLEU = " in err and "(signature: nrefs:1|case:lc|" in err
     assert "tokenized lowercased BLEU (paper): " in err
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["beam"] == 3 and not scores["replace_unk"] and scores["signature"].startswith("nrefs:1|case:lc|")
+    assert f"tokenized lowercased BLEU (paper): {scores['tokenized_bleu']:.2f}" in err
 
 
 def test_translate_reads_stdin_and_reports_bad_input(corpus, tmp_path):

@@ -31,6 +31,7 @@ def test_quick_mode_fills_the_table(tmp_path):
     assert gru["finished"] and revgru["finished"] and gru["epochs_trained"] == 2
     for row in (gru, revgru):
         assert 0 <= row["test_tokenized_bleu"] <= 100 and "case:lc" in row["sacrebleu_signature"]
+        assert 0 <= row["test_replace_unk_tokenized_bleu"] <= 100 and 0 <= row["test_replace_unk_sacrebleu"] <= 100
         assert row["tokens_per_s"] > 0 and row["run_tokens_per_s"] > 0
     assert "memory" not in gru  # ordinary models have no buffer to measure
     assert revgru["memory"]["decoder"]["actual_ratio"] > 1
@@ -39,7 +40,7 @@ def test_quick_mode_fills_the_table(tmp_path):
     table = (runs / "results.md").read_text()
     assert f"{tokens['ordinary']:,}" in table and f"{tokens['reversible']:,}" in table  # GRU's row: same-size model
     assert sorted(p.name for p in (kept / "revgru-emb+slice-3bit").iterdir()) == [
-        "config.json", "memory.json", "test.json", "train.log", "valid.tsv"]
+        "config.json", "memory.json", "test-replace-unk.json", "test.json", "train.log", "valid.tsv"]
 
     # A second run finds everything done and trains nothing.
     again = subprocess.run(command[:-4] + ["--report"], cwd=REPO, capture_output=True, text=True, timeout=120)
