@@ -68,7 +68,7 @@ def throughput(device: torch.device, batch: int, units: int, steps: int, max_bit
 
 
 def storage(device: torch.device, batch: int, units: int, steps: int, groups: int, max_bits: int,
-            lanes: int) -> dict:
+            lanes: int, share_rows: bool = False) -> dict:
     """Allocated and optimal bits after `steps` steps of `groups` state groups sharing the buffer.
 
     Each step is a GRU-like update h ← z·h + (1 − z)·g with g uniform in (−1, 1), so the states
@@ -76,12 +76,12 @@ def storage(device: torch.device, batch: int, units: int, steps: int, groups: in
     """
     zs = trained_like_gates(steps * groups, batch, units, max_bits, device, seed=1)
     gen = torch.Generator().manual_seed(2)
-    buf = InformationBuffer(batch, lanes, device=device, max_bits=max_bits)
+    buf = InformationBuffer(batch, lanes, device=device, max_bits=max_bits, share_rows=share_rows)
     h = to_fixed(torch.rand(batch, units, generator=gen) * 2 - 1).to(device)
     for z in zs:
         g = (torch.rand(batch, units, generator=gen) * 2 - 1).to(device)
         h = checked_add(buf.push_mul(h, z), to_fixed((1 - z / FORGET_ONE) * g))
-    return {"steps": steps, "groups": groups, "lanes": lanes, "words_per_lane": buf.word_count(),
+    return {"steps": steps, "groups": groups, "lanes": lanes, "share_rows": share_rows, "words_per_lane": buf.word_count(),
             "allocated_bits": buf.allocated_bits(), "reserved_bits": buf.reserved_bits(),
             "optimal_bits": buf.optimal_bits(), "allocated_over_optimal": buf.allocated_bits() / buf.optimal_bits(),
             "baseline_over_allocated": 32 * steps * groups * batch * units / buf.allocated_bits()}
@@ -109,13 +109,14 @@ def main() -> None:
               f"pop {tp['pop_lane_steps_per_s'] / 1e6:8.1f} M lane-steps/s   "
               f"host syncs {tp['host_syncs']} in {tp['steps']} pushes")
 
-    print("\n  steps  groups  lanes  words/lane  allocated/optimal  32-bit-states/allocated")
-    cases = [(args.steps, 1, args.units), (args.steps, 2, args.units), (4 * args.steps, 1, args.units),
-             (20 * args.steps, 1, args.units), (args.steps, 1, 32), (args.steps, 2, 32), (args.steps, 2, 16)]
-    for steps, groups, lanes in cases:
-        row = storage(torch.device(devices[0]), args.batch, args.units, steps, groups, args.max_bits, lanes)
+    print("\n  steps  groups  lanes  rows share  words/lane  allocated/optimal  32-bit-states/allocated")
+    cases = [(args.steps, 1, args.units, False), (args.steps, 2, args.units, False), (4 * args.steps, 1, args.units, False),
+             (20 * args.steps, 1, args.units, False), (args.steps, 1, 32, False), (args.steps, 2, 32, False),
+             (args.steps, 2, 16, False), (args.steps, 2, 16, True), (args.steps, 2, 3, False), (args.steps, 2, 3, True)]
+    for steps, groups, lanes, share_rows in cases:
+        row = storage(torch.device(devices[0]), args.batch, args.units, steps, groups, args.max_bits, lanes, share_rows)
         report["storage"].append(row)
-        print(f"  {steps:5d}  {groups:6d}  {lanes:5d}  {row['words_per_lane']:10d}  "
+        print(f"  {steps:5d}  {groups:6d}  {lanes:5d}  {'yes' if share_rows else 'no':>10s}  {row['words_per_lane']:10d}  "
               f"{row['allocated_over_optimal']:17.2f}  {row['baseline_over_allocated']:23.1f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

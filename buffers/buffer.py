@@ -1,10 +1,11 @@
 """The information buffer: where a reversible RNN keeps the bits that forgetting destroys.
 
-Layout. Every (batch row, unit) lane owns a stack of int64 words. The live word of every lane sits
-in ``_curr`` [batch, units]; full words sit in ``_stack`` [capacity, batch, units], all lanes
-together, so adding a word is one slab write instead of a per-lane branch. When any *active* lane's
-live word could overflow on the next multiply (B ≥ 2^(63−R_Z)), the whole live slab is pushed and
-reset to zero: all lanes grow together, which keeps the structure one dense tensor. A flag
+Layout. Every lane owns a stack of int64 words: ``units`` lanes per batch row, each row's columns
+folded onto its own lanes, or (``share_rows``) all rows' columns folded onto all the lanes. The live
+word of every lane sits in ``_curr``, [batch, units] or [1, batch·units] when rows share; full
+words sit in ``_stack`` [capacity, ...], all lanes together, so adding a word is one slab write
+instead of a per-lane branch. When any *active* lane's live word could overflow on the next
+multiply (B ≥ 2^(63−R_Z)), the whole live slab is pushed and reset to zero: all lanes grow together, which keeps the structure one dense tensor. A flag
 per push call remembers which ones overflowed, so the pops can undo them at the mirrored call.
 
 No host sync per step. Whether a push overflows is known only on the device, so the stack height
@@ -53,13 +54,18 @@ class InformationBuffer:
             A tighter limit lets the host sync less often. Numerators below it are rejected.
         fused: on CPU, push and pop each group in one compiled loop (default) instead of tensor
             ops; the results are the same bit for bit. Ignored on other devices.
+        share_rows: fold every row's columns, row after row, onto all ``batch × units`` lanes
+            together instead of each row onto its own ``units`` lanes. Every lane then takes
+            columns of many rows and fills at about the batch's mean rate, where a lane of its own
+            fills at its row's: rows that forget more, or fewer that end early (padding), no
+            longer set the height of the whole stack. Same memory layout, same words.
     """
 
     def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
-                 max_bits: int | None = None, fused: bool = True) -> None:
+                 max_bits: int | None = None, fused: bool = True, share_rows: bool = False) -> None:
         if batch < 1 or units < 1:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
-        self.batch, self.units = batch, units
+        self.batch, self.units, self.share_rows = batch, units, share_rows
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.fused = fused and self.device.type == "cpu"
         self.max_bits = max_bits
@@ -68,8 +74,10 @@ class InformationBuffer:
         self._overflow_gap = math.ceil((63 - FORGET_RADIX) / bits_per_push)
 
         long = dict(dtype=torch.int64, device=self.device)
-        self._curr = torch.zeros(batch, units, **long)
-        self._stack = torch.zeros(1 + _MIN_FREE_WORDS, batch, units, **long)
+        # The lanes as the pushes see them: [rows, lanes], one row of all lanes when rows share them.
+        lane_rows, lanes = (1, batch * units) if share_rows else (batch, units)
+        self._curr = torch.zeros(lane_rows, lanes, **long)
+        self._stack = torch.zeros(1 + _MIN_FREE_WORDS, lane_rows, lanes, **long)
         self._top = torch.zeros((), **long)
         # One overflow flag per push (a byte each: one indexed write per push, where a packed bit
         # log costs half a dozen ops; the flags are < 1 % of the words for any real batch).
@@ -99,30 +107,35 @@ class InformationBuffer:
         mostly empty one each.
         """
         _, active = self._check_args("push_mul", h, z, mask)
+        shape = h.shape
+        h, z, active = self._fold(h), self._fold(z), None if active is None else self._fold(active)
         if self.fused:
-            return self._push_fused(h, z, active)
+            return self._push_fused(h, z, active).reshape(shape)
         zl = self._checked_numerators(z, active)
         hl = h.long()
-        chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h)]
+        chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h.shape[1])]
         # Information destroyed by the whole group, kept per group: pops come in the same groups.
         lost = FORGET_RADIX - torch.log2(zl.double())
         self._group_optimal.append((lost if active is None else lost * active).sum())
         out = torch.cat(chunks, 1) if len(chunks) > 1 else chunks[0]
-        return out.to(torch.int32)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
+        return out.to(torch.int32).reshape(shape)  # |h·z/2^R| ≤ |h| + 1: no int32 overflow possible
 
     def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
         _, active = self._check_args("pop_div", h, z, mask)
+        shape = h.shape
+        h, z, active = self._fold(h), self._fold(z), None if active is None else self._fold(active)
         if self.fused:
-            return self._pop_fused(h, z, active)
+            return self._pop_fused(h, z, active).reshape(shape)
         zl = self._checked_numerators(z, active)
         hl = h.long()
-        out = [self._pop(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in reversed(self._chunks(h))]
+        out = [self._pop(hl[:, c], zl[:, c], None if active is None else active[:, c])
+               for c in reversed(self._chunks(h.shape[1]))]
         h_new = torch.cat(out[::-1], 1) if len(out) > 1 else out[0]
         self._group_optimal.pop()
         out_of_range = (h_new < INT32_MIN) | (h_new > INT32_MAX)
         self._flag_bad(out_of_range, _POP_RANGE_MESSAGE, BufferError)
-        return h_new.to(torch.int32)
+        return h_new.to(torch.int32).reshape(shape)
 
     def push_update(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
                     stored: int = 0) -> torch.Tensor:
@@ -134,7 +147,7 @@ class InformationBuffer:
         slice): they take the plain floor product and skip the buffer. Range errors raise at once.
         """
         self._check_fused("push_update", h, mask)
-        widths = [c.stop - c.start for c in self._chunks(h[:, stored:])] if stored < h.shape[1] else []
+        widths = self._update_widths(h, stored)
         self._reserve_fused(widths)
         out = torch.empty_like(h)
         status, lost = cpu_kernels.push_update(
@@ -151,7 +164,7 @@ class InformationBuffer:
         """The exact inverse of :meth:`push_update`, but for the first ``stored`` columns, which hold
         h − u: the caller restores them from where they were kept."""
         self._check_fused("pop_update", h, mask)
-        widths = [c.stop - c.start for c in self._chunks(h[:, stored:])] if stored < h.shape[1] else []
+        widths = self._update_widths(h, stored)
         self._check_pop(widths)
         out = torch.empty_like(h)
         status = cpu_kernels.pop_update(
@@ -179,8 +192,20 @@ class InformationBuffer:
         if status == cpu_kernels.OUT_OF_RANGE:
             raise BufferError(_POP_RANGE_MESSAGE)
 
-    def _chunks(self, h: torch.Tensor) -> list[slice]:
-        return [slice(i, min(i + self.units, h.shape[1])) for i in range(0, h.shape[1], self.units)]
+    def _fold(self, t: torch.Tensor) -> torch.Tensor:
+        """[batch, w] as the lanes take it: unchanged, or one row of batch·w columns when rows share lanes."""
+        return t.reshape(1, -1) if self.share_rows else t
+
+    def _chunks(self, width: int) -> list[slice]:
+        """The columns of a (folded) group of this width that each push takes, one per lane."""
+        lanes = self._curr.shape[1]
+        return [slice(i, min(i + lanes, width)) for i in range(0, width, lanes)]
+
+    def _update_widths(self, h: torch.Tensor, stored: int) -> list[int]:
+        """Push widths of a fused update: its buffered columns (all but the first ``stored``), folded."""
+        buffered = h.shape[1] - stored
+        width = buffered * h.shape[0] if self.share_rows else buffered
+        return [c.stop - c.start for c in self._chunks(width)]
 
     def _push(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         width = h.shape[1]
@@ -219,7 +244,7 @@ class InformationBuffer:
                 )
 
     def _push_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        widths = [c.stop - c.start for c in self._chunks(h)]
+        widths = [c.stop - c.start for c in self._chunks(h.shape[1])]
         self._reserve_fused(widths)
         out = torch.empty_like(h)
         status, lost = cpu_kernels.push_group(
@@ -231,7 +256,7 @@ class InformationBuffer:
         return out
 
     def _pop_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        widths = [c.stop - c.start for c in self._chunks(h)]
+        widths = [c.stop - c.start for c in self._chunks(h.shape[1])]
         self._check_pop(widths)
         out = torch.empty_like(h)
         status = cpu_kernels.pop_group(

@@ -171,12 +171,20 @@ def _rows_active(rows_mask: np.ndarray, width: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def _buffered(a: np.ndarray, stored: int, lane_rows: int) -> np.ndarray:
+    """The columns after ``stored`` as the lanes take them: [lane_rows, ...] (one row when the
+    buffer's rows share its lanes), a contiguous copy."""
+    return np.ascontiguousarray(a[:, stored:]).reshape(lane_rows, -1)
+
+
+@njit(cache=True, nogil=True)
 def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
                 stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int,
                 min_numerator: int, out: np.ndarray) -> tuple[int, float]:
     """h ← z·h + u on rows where ``rows_mask``: z and u as floats, quantized and rounded here; the first
     ``stored`` columns take the plain floor product (kept exactly elsewhere), the rest go through
-    the buffer (:func:`push_group`). Returns (status, bits destroyed)."""
+    the buffer (:func:`push_group`, folded as ``curr`` [rows or 1, lanes] says). Returns (status,
+    bits destroyed)."""
     rows, width = h.shape
     zq = np.empty((rows, width), np.int64)
     ui = np.empty((rows, width), np.int64)
@@ -187,8 +195,12 @@ def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarr
             out[b, j] = (hv >> FORGET_RADIX) * zq[b, j] if rows_mask[b] else hv
     lost = 0.0
     if stored < width:
-        _, lost = push_group(h[:, stored:], zq[:, stored:], _rows_active(rows_mask, width - stored), curr, stack,
-                             top, flags, first_flag, word_limit, min_numerator, out[:, stored:])
+        lane_rows = curr.shape[0]
+        pushed = np.empty((lane_rows, rows * (width - stored) // lane_rows), np.int32)
+        _, lost = push_group(_buffered(h, stored, lane_rows), _buffered(zq, stored, lane_rows),
+                             _buffered(_rows_active(rows_mask, width), stored, lane_rows), curr, stack, top, flags,
+                             first_flag, word_limit, min_numerator, pushed)
+        out[:, stored:] = pushed.reshape(rows, width - stored)
     for b in range(rows):
         for j in range(width):
             s = np.int64(out[b, j]) + ui[b, j]
@@ -219,8 +231,12 @@ def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarra
             before[b, j] = s
     out[:, :stored] = before[:, :stored]
     if stored < width:
-        popped = pop_group(before[:, stored:], zq[:, stored:], _rows_active(rows_mask, width - stored), curr, stack,
-                           top, flags, first_flag, min_numerator, out[:, stored:])
+        lane_rows = curr.shape[0]
+        popped_h = np.empty((lane_rows, rows * (width - stored) // lane_rows), np.int32)
+        popped = pop_group(_buffered(before, stored, lane_rows), _buffered(zq, stored, lane_rows),
+                           _buffered(_rows_active(rows_mask, width), stored, lane_rows), curr, stack, top, flags,
+                           first_flag, min_numerator, popped_h)
+        out[:, stored:] = popped_h.reshape(rows, width - stored)
         if popped != OK:
             status = popped
     return status

@@ -48,10 +48,10 @@ PROJECTION_STEPS = 2
 #: Buffer lanes per batch row when none are asked for (``buffer_lanes=None``), by where the buffer runs.
 #: On CPU the compiled loops make the lane count cost no time (benchmarks/layers.py --buffer-lanes 2 3 16 150
 #: runs within its noise), and few lanes fill their 64-bit words best. On the Multi30K RevGRU trained to its best
-#: dev BLEU (python -m revnmt.memory --checkpoint runs/multi30k/revgru-emb+slice-3bit --batches 20 --buffer-lanes N)
-#: the encoder / decoder ratios were 9.17x / 15.67x at 16 lanes, 9.86 / 15.98 at 5, 10.25 / 16.33 at 3, 10.13 /
-#: 16.39 at 2 and 10.16 / 16.38 at 1. The tensor ops that CUDA runs loop over a half's ⌈(H/2) / lanes⌉ chunks,
-#: each a few kernel launches, so there more lanes are faster.
+#: dev BLEU (python -m revnmt.memory --checkpoint runs/multi30k/revgru-emb+slice-3bit --batches 20 --buffer-lanes N),
+#: rows sharing their lanes, the encoder / decoder ratios were 9.32x / 17.87x at 16 lanes, 10.21 / 20.92 at 5,
+#: 10.55 / 22.04 at 3, 10.79 / 22.13 at 2 and 10.64 / 21.42 at 1. The tensor ops that CUDA runs loop over a half's
+#: ⌈(H/2) / lanes⌉ chunks, each a few kernel launches, so there more lanes are faster.
 DEFAULT_LANES = {"compiled": 3, "tensor": 16}
 
 
@@ -217,14 +217,16 @@ class ReversibleRNN(nn.Module):
     def new_buffer(self, batch: int, device: torch.device) -> InformationBuffer:
         """The information buffer a forward sweep over ``batch`` rows pushes onto.
 
-        A half of H/2 columns is folded onto the lanes in ⌈(H/2) / buffer_lanes⌉ chunks; the lane
-        count is then evened out (150 columns on "16" lanes: 10 chunks of 15) so that every lane
-        takes the same number of columns. Words are added for all lanes when the fullest one
-        overflows, so an unevenly loaded lane would set the size of all of them.
+        The buffer has ``buffer_lanes`` lanes per batch row, and the rows share them: a half's
+        columns of all rows are folded onto all the lanes in ⌈(H/2) / buffer_lanes⌉ chunks (the
+        lane count evened out: 150 columns on "16" lanes are 10 chunks of 15). Words are added for
+        all lanes when the fullest one overflows, so every lane should fill at the same rate: with
+        lanes of its own, a row that forgets more than the others, or the longest sentence of the
+        batch, would set the size of all of them. Shared, each lane takes columns of many rows.
         """
         half = self.cells[0].half
         lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
-        return InformationBuffer(batch, lanes, device, self.max_forget_bits)
+        return InformationBuffer(batch, lanes, device, self.max_forget_bits, share_rows=True)
 
     def lanes_on(self, device: torch.device) -> int:
         """The lanes asked for, or the default where the buffer runs (compiled loops on CPU)."""

@@ -32,13 +32,13 @@ def _random_z(gen, shape, zmin, device):
     return z.to(device)
 
 
-def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows"):
+def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows", share_rows=False):
     """Push `steps` rounds over groups of the given widths, pop them all, compare every state."""
     device, fused = impl
     gen = torch.Generator().manual_seed(seed)
     widths = widths or [units]
     zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    buf = InformationBuffer(batch, units, device=device, max_bits=max_bits, fused=fused)
+    buf = InformationBuffer(batch, units, device=device, max_bits=max_bits, fused=fused, share_rows=share_rows)
     states = [_random_state(gen, batch, w, device) for w in widths]
     initial = [s.clone() for s in states]
     history = []
@@ -68,18 +68,21 @@ def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None,
 @settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 60), seed=st.integers(0, 2 ** 31),
        max_bits=st.sampled_from([1, 2, 3, 5, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
-       fused=st.booleans())
-def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind, fused):
-    _run_round_trip(("cpu", fused), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind)
+       fused=st.booleans(), share_rows=st.booleans())
+def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind, fused, share_rows):
+    _run_round_trip(("cpu", fused), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind,
+                    share_rows=share_rows)
 
 
 @settings(max_examples=25, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 80), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=3))
-def test_fused_and_tensor_paths_agree_bit_for_bit(batch, units, steps, seed, max_bits, widths):
+       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=3),
+       share_rows=st.booleans())
+def test_fused_and_tensor_paths_agree_bit_for_bit(batch, units, steps, seed, max_bits, widths, share_rows):
     gen = torch.Generator().manual_seed(seed)
     zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    fused, tensor = (InformationBuffer(batch, units, max_bits=max_bits, fused=f) for f in (True, False))
+    fused, tensor = (InformationBuffer(batch, units, max_bits=max_bits, fused=f, share_rows=share_rows)
+                     for f in (True, False))
     states = [_random_state(gen, batch, w, "cpu") for w in widths]
     history = []
     for _ in range(steps):
@@ -116,9 +119,11 @@ def test_ten_thousand_steps_add_many_words(impl):
     assert torch.equal(h, h0) and buf.is_empty()
 
 
-def test_groups_of_different_widths_share_one_buffer(impl):
+@pytest.mark.parametrize("share_rows", [False, True])
+def test_groups_of_different_widths_share_one_buffer(impl, share_rows):
     # e.g. h1 with an attention slice (narrower), h2, c1, c2 of a two-layer RevLSTM
-    _run_round_trip(impl, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10])
+    _run_round_trip(impl, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10],
+                    share_rows=share_rows)
 
 
 def test_wide_groups_fold_onto_few_lanes(impl):
@@ -138,6 +143,20 @@ def test_folding_fills_words_better():
     assert narrow.optimal_bits() == pytest.approx(wide.optimal_bits())
     assert narrow.allocated_bits() < wide.allocated_bits()
 
+
+def test_shared_lanes_fill_evenly_when_rows_forget_at_different_rates():
+    # Row 0 forgets 3 bits per unit and step, the others 1: lanes of their own grow with row 0,
+    # shared lanes with the mean. Same bits destroyed, fewer words.
+    gen = torch.Generator().manual_seed(0)
+    own, shared = InformationBuffer(8, 4, max_bits=3), InformationBuffer(8, 4, max_bits=3, share_rows=True)
+    h = _random_state(gen, 8, 40, "cpu")
+    z = torch.full((8, 40), FORGET_ONE // 2)
+    z[0] = FORGET_ONE // 8
+    for _ in range(60):
+        own.push_mul(h, z)
+        shared.push_mul(h, z)
+    assert own.optimal_bits() == pytest.approx(shared.optimal_bits())
+    assert shared.allocated_bits() < 0.6 * own.allocated_bits()
 
 def test_edge_values_round_trip(impl):
     device, fused = impl
@@ -165,6 +184,9 @@ def test_masked_lanes_are_bit_for_bit_unchanged_in_the_buffer():
     h = torch.full((2, 3), 12345, dtype=torch.int32)
     buf.push_mul(h, torch.full((2, 3), 7), torch.tensor([True, False]))
     assert buf._curr[1].eq(0).all() and buf._curr[0].ne(0).any()
+    shared = InformationBuffer(2, 3, share_rows=True)  # row 1's columns 3..5 of the folded row go to lanes 3..5
+    shared.push_mul(h, torch.full((2, 3), 7), torch.tensor([True, False]))
+    assert shared._curr[0, 3:].eq(0).all() and shared._curr[0, :3].ne(0).all()
 
 
 def test_accounting():
@@ -238,12 +260,13 @@ def test_bad_construction():
         InformationBuffer(2, 3, max_bits=4.5)
 
 
-def test_push_update_is_quantize_round_push_and_add_in_one_call():
+@pytest.mark.parametrize("share_rows", [False, True])
+def test_push_update_is_quantize_round_push_and_add_in_one_call(share_rows):
     from buffers import FixedPointOverflowError, checked_add, quantize_forget, to_fixed
 
     gen = torch.Generator().manual_seed(4)
     batch, width, stored = 5, 23, 4
-    fused, tensor = (InformationBuffer(batch, 6, max_bits=3, fused=f) for f in (True, False))
+    fused, tensor = (InformationBuffer(batch, 6, max_bits=3, fused=f, share_rows=share_rows) for f in (True, False))
     h = _random_state(gen, batch, width, "cpu") >> 4
     history = []
     for _ in range(40):
