@@ -175,8 +175,8 @@ class ReversibleRNN(nn.Module):
         max_forget_bits: at most this many bits forgotten per unit per step (1, 2, 3, 5 or None).
         slice_dim: store the first ``slice_dim`` units of the top layer's output at every step,
             exactly, as attention memory (0: none).
-        buffer_lanes: lanes per batch row of the information buffer. The state groups are folded
-            onto them; fewer lanes fill their 64-bit words better on short sentences. ``None``: the
+        buffer_lanes: lanes per batch row of the information buffer, shared by all rows. The
+            state groups are folded onto them; fewer lanes fill their 64-bit words better. ``None``: the
             default for the device (:data:`DEFAULT_LANES`). The words feed the lowest bits of each
             product, so the lane count is part of what a run computes.
     """

@@ -116,7 +116,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--layers", type=int, default=defaults.layers, help="encoder and decoder layers")
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
-                       help="information-buffer lanes per sentence (reversible RNNs; default: "
+                       help="information-buffer lanes per sentence, shared by the batch (reversible RNNs; default: "
                        f"{DEFAULT_LANES['compiled']} on CPU, {DEFAULT_LANES['tensor']} on CUDA)")
 
 
