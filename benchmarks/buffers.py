@@ -46,7 +46,7 @@ def throughput(device: torch.device, batch: int, units: int, steps: int, max_bit
     h0 = torch.randint(-(1 << HIDDEN_RADIX), 1 << HIDDEN_RADIX, (batch, units), dtype=torch.int32, device=device)
     mask = torch.ones(batch, dtype=torch.bool, device=device)
     result = {}
-    for attempt in range(2):  # the first pass warms up allocator and kernels
+    for _ in range(2):  # the first pass warms up allocator and kernels
         buf = InformationBuffer(batch, units, device=device, max_bits=max_bits)
         _sync(device)
         t0 = time.perf_counter()

@@ -210,7 +210,7 @@ def run_all(args: argparse.Namespace) -> None:
                     print(f"[{name}] done ({(time.monotonic() - started) / 60:.1f} min for its last step)", flush=True)
     except KeyboardInterrupt:  # the children got the same SIGINT; their last.pt lets a rerun resume
         print("interrupted: run the same command again to resume", file=sys.stderr)
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
 

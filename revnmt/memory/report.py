@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from revnmt.data import Batch
-from revnmt.data.vocab import PAD
 from revnmt.model import ModelConfig, Seq2Seq
 
 from .saved import SavedTensorMeter
