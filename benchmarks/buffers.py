@@ -81,7 +81,8 @@ def storage(device: torch.device, batch: int, units: int, steps: int, groups: in
     for z in zs:
         g = (torch.rand(batch, units, generator=gen) * 2 - 1).to(device)
         h = checked_add(buf.push_mul(h, z), to_fixed((1 - z / FORGET_ONE) * g))
-    return {"steps": steps, "groups": groups, "lanes": lanes, "share_rows": share_rows, "words_per_lane": buf.word_count(),
+    return {"steps": steps, "groups": groups, "lanes": lanes, "share_rows": share_rows,
+            "words_per_lane": buf.word_count(),
             "allocated_bits": buf.allocated_bits(), "reserved_bits": buf.reserved_bits(),
             "optimal_bits": buf.optimal_bits(), "allocated_over_optimal": buf.allocated_bits() / buf.optimal_bits(),
             "baseline_over_allocated": 32 * steps * groups * batch * units / buf.allocated_bits()}
@@ -110,13 +111,14 @@ def main() -> None:
               f"host syncs {tp['host_syncs']} in {tp['steps']} pushes")
 
     print("\n  steps  groups  lanes  rows share  words/lane  allocated/optimal  32-bit-states/allocated")
-    cases = [(args.steps, 1, args.units, False), (args.steps, 2, args.units, False), (4 * args.steps, 1, args.units, False),
-             (20 * args.steps, 1, args.units, False), (args.steps, 1, 32, False), (args.steps, 2, 32, False),
-             (args.steps, 2, 16, False), (args.steps, 2, 16, True), (args.steps, 2, 3, False), (args.steps, 2, 3, True)]
+    s, u = args.steps, args.units
+    cases = [(s, 1, u, False), (s, 2, u, False), (4 * s, 1, u, False), (20 * s, 1, u, False), (s, 1, 32, False),
+             (s, 2, 32, False), (s, 2, 16, False), (s, 2, 16, True), (s, 2, 3, False), (s, 2, 3, True)]
     for steps, groups, lanes, share_rows in cases:
-        row = storage(torch.device(devices[0]), args.batch, args.units, steps, groups, args.max_bits, lanes, share_rows)
+        row = storage(torch.device(devices[0]), args.batch, u, steps, groups, args.max_bits, lanes, share_rows)
         report["storage"].append(row)
-        print(f"  {steps:5d}  {groups:6d}  {lanes:5d}  {'yes' if share_rows else 'no':>10s}  {row['words_per_lane']:10d}  "
+        shared = "yes" if share_rows else "no"
+        print(f"  {steps:5d}  {groups:6d}  {lanes:5d}  {shared:>10s}  {row['words_per_lane']:10d}  "
               f"{row['allocated_over_optimal']:17.2f}  {row['baseline_over_allocated']:23.1f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -5,8 +5,9 @@ folded onto its own lanes, or (``share_rows``) all rows' columns folded onto all
 word of every lane sits in ``_curr``, [batch, units] or [1, batch·units] when rows share; full
 words sit in ``_stack`` [capacity, ...], all lanes together, so adding a word is one slab write
 instead of a per-lane branch. When any *active* lane's live word could overflow on the next
-multiply (B ≥ 2^(63−R_Z)), the whole live slab is pushed and reset to zero: all lanes grow together, which keeps the structure one dense tensor. A flag
-per push call remembers which ones overflowed, so the pops can undo them at the mirrored call.
+multiply (B ≥ 2^(63−R_Z)), the whole live slab is pushed and reset to zero: all lanes grow
+together, which keeps the structure one dense tensor. A flag per push call remembers which ones
+overflowed, so the pops can undo them at the mirrored call.
 
 No host sync per step. Whether a push overflows is known only on the device, so the stack height
 ``_top`` is a device tensor and every push writes the live slab into slot ``_top`` unconditionally
@@ -113,7 +114,8 @@ class InformationBuffer:
             return self._push_fused(h, z, active).reshape(shape)
         zl = self._checked_numerators(z, active)
         hl = h.long()
-        chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c]) for c in self._chunks(h.shape[1])]
+        chunks = [self._push(hl[:, c], zl[:, c], None if active is None else active[:, c])
+                  for c in self._chunks(h.shape[1])]
         # Information destroyed by the whole group, kept per group: pops come in the same groups.
         lost = FORGET_RADIX - torch.log2(zl.double())
         self._group_optimal.append((lost if active is None else lost * active).sum())
@@ -201,11 +203,14 @@ class InformationBuffer:
         lanes = self._curr.shape[1]
         return [slice(i, min(i + lanes, width)) for i in range(0, width, lanes)]
 
+    def _chunk_widths(self, width: int) -> list[int]:
+        """The width of each push that a (folded) group of this width makes."""
+        return [c.stop - c.start for c in self._chunks(width)]
+
     def _update_widths(self, h: torch.Tensor, stored: int) -> list[int]:
         """Push widths of a fused update: its buffered columns (all but the first ``stored``), folded."""
         buffered = h.shape[1] - stored
-        width = buffered * h.shape[0] if self.share_rows else buffered
-        return [c.stop - c.start for c in self._chunks(width)]
+        return self._chunk_widths(buffered * h.shape[0] if self.share_rows else buffered)
 
     def _push(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         width = h.shape[1]
@@ -244,7 +249,7 @@ class InformationBuffer:
                 )
 
     def _push_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        widths = [c.stop - c.start for c in self._chunks(h.shape[1])]
+        widths = self._chunk_widths(h.shape[1])
         self._reserve_fused(widths)
         out = torch.empty_like(h)
         status, lost = cpu_kernels.push_group(
@@ -256,7 +261,7 @@ class InformationBuffer:
         return out
 
     def _pop_fused(self, h: torch.Tensor, z: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        widths = [c.stop - c.start for c in self._chunks(h.shape[1])]
+        widths = self._chunk_widths(h.shape[1])
         self._check_pop(widths)
         out = torch.empty_like(h)
         status = cpu_kernels.pop_group(

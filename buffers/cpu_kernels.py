@@ -196,10 +196,11 @@ def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarr
     lost = 0.0
     if stored < width:
         lane_rows = curr.shape[0]
-        pushed = np.empty((lane_rows, rows * (width - stored) // lane_rows), np.int32)
-        _, lost = push_group(_buffered(h, stored, lane_rows), _buffered(zq, stored, lane_rows),
-                             _buffered(_rows_active(rows_mask, width), stored, lane_rows), curr, stack, top, flags,
-                             first_flag, word_limit, min_numerator, pushed)
+        folded = _buffered(h, stored, lane_rows)
+        pushed = np.empty_like(folded)
+        _, lost = push_group(folded, _buffered(zq, stored, lane_rows),
+                             _rows_active(rows_mask, width - stored).reshape(lane_rows, -1), curr, stack, top,
+                             flags, first_flag, word_limit, min_numerator, pushed)
         out[:, stored:] = pushed.reshape(rows, width - stored)
     for b in range(rows):
         for j in range(width):
@@ -232,10 +233,11 @@ def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarra
     out[:, :stored] = before[:, :stored]
     if stored < width:
         lane_rows = curr.shape[0]
-        popped_h = np.empty((lane_rows, rows * (width - stored) // lane_rows), np.int32)
-        popped = pop_group(_buffered(before, stored, lane_rows), _buffered(zq, stored, lane_rows),
-                           _buffered(_rows_active(rows_mask, width), stored, lane_rows), curr, stack, top, flags,
-                           first_flag, min_numerator, popped_h)
+        folded = _buffered(before, stored, lane_rows)
+        popped_h = np.empty_like(folded)
+        popped = pop_group(folded, _buffered(zq, stored, lane_rows),
+                           _rows_active(rows_mask, width - stored).reshape(lane_rows, -1), curr, stack, top,
+                           flags, first_flag, min_numerator, popped_h)
         out[:, stored:] = popped_h.reshape(rows, width - stored)
         if popped != OK:
             status = popped
