@@ -257,7 +257,8 @@ class Seq2Seq(nn.Module):
         masks = self.draw_masks(src.shape[0], src.device)
         k = self.cfg.stored_units
         if self.cfg.reversible:
-            tape = self.encoder.forward_sweep(EmbeddedTokens(self.src_emb, src_t, None), src_t != PAD)
+            tape = self.encoder.forward_sweep(EmbeddedTokens(self.src_emb, src_t, None), src_t != PAD,
+                                               reversible=False)
             stored, state = None if tape.slices is None else to_float(tape.slices), tape.states
         else:
             enc_out, state = self.encoder(self.src_emb(src_t), src_len)

@@ -152,7 +152,7 @@ class Tape:
 
     states: list[torch.Tensor]  # final int32 state of every layer
     initial: list[torch.Tensor]  # the true initial states, for the exactness check
-    buffer: InformationBuffer
+    buffer: InformationBuffer | None  # None: recorded for inference, not reversible
     mask: torch.Tensor  # [T, B] bool, True on real tokens
     dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
     slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
@@ -273,14 +273,22 @@ class ReversibleRNN(nn.Module):
 
     @torch.no_grad()
     def forward_sweep(self, inputs: SequenceInput, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
-                      dropout: list[torch.Tensor | None] | None = None) -> Tape:
-        """Run all steps without autograd; keep only what reversal needs (see module docstring)."""
+                      dropout: list[torch.Tensor | None] | None = None, reversible: bool = True) -> Tape:
+        """Run all steps without autograd; keep only what reversal needs (see module docstring).
+
+        ``reversible=False`` (inference, e.g. encoding for translation) uses no buffer: the forgotten
+        bits are dropped, as in :meth:`step`, and the tape cannot be reversed. This also makes each
+        row's states depend on its own input only: a buffer's words are shared by the batch's rows
+        and feed the lowest bits of every product, so a sentence would translate slightly differently
+        with other batch mates.
+        """
         steps, batch = mask.shape
         if len(inputs) != steps:
             raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
         device = mask.device
         states = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
-        tape = Tape(states=states, initial=[s.clone() for s in states], buffer=self.new_buffer(batch, device),
+        buffer = self.new_buffer(batch, device) if reversible else None
+        tape = Tape(states=states, initial=[s.clone() for s in states], buffer=buffer,
                     mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
                     slices=None, guard=OverflowGuard(device))
         if self.slice_dim:
@@ -311,7 +319,11 @@ class ReversibleRNN(nn.Module):
             The gradient w.r.t. each layer's initial state (real values).
         Raises:
             ReversalError: the reconstructed initial state or the emptied buffer is not exact.
+            ValueError: the tape was recorded with ``reversible=False``.
         """
+        if tape.buffer is None:
+            raise ValueError("this tape was recorded without a buffer (forward_sweep(reversible=False), for "
+                             "inference) and cannot be reversed")
         try:
             grads = self._reverse_steps(tape, inputs, grad_final, output_grad, slice_grad)
         except (BufferError, FixedPointOverflowError) as err:

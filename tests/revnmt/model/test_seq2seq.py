@@ -142,3 +142,19 @@ def test_align_follows_the_decoding_and_points_into_each_source():
 def test_bad_options_give_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _model(**kwargs)
+
+
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm", "gru"])
+def test_encoding_a_sentence_does_not_depend_on_its_batch_mates(rnn):
+    # Translation should not change with the batch a sentence comes in: the reversible encoder runs
+    # without the (shared) buffer at inference. Same lengths, so the products have the same shapes.
+    model = _model(rnn).eval()
+    src, src_len, _, _ = _batch()
+    other = src.clone()
+    other[1:] = torch.where(src[1:] == PAD, PAD, (src[1:] + 1 - 4) % (SRC_V - 4) + 4)
+    a, b = model.encode(src, src_len), model.encode(other, src_len)
+    assert torch.equal(a.memory[0], b.memory[0]) and not torch.equal(a.memory[1:], b.memory[1:])
+    states = (a.state, b.state) if rnn.startswith("rev") else ([a.state], [b.state])
+    for s_a, s_b in zip(*states):
+        row = (slice(None), 0) if s_a.dim() == 3 else 0  # nn.GRU's state is [layers, B, H]
+        assert torch.equal(s_a[row], s_b[row])

@@ -96,6 +96,22 @@ def test_padded_steps_leave_state_unchanged():
     assert torch.equal(tape.states[0][1], short.states[0][1])
 
 
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_inference_sweep_rows_do_not_depend_on_their_batch_mates(cell):
+    # Without a buffer nothing is shared between rows, so a sentence's translation does not depend on
+    # the batch it came in. (A buffer's words are shared by the rows and feed the lowest bits of every
+    # product.) The batch keeps its shape, so the matrix products block their rows alike.
+    rnn, x, mask, *_ = _problem(cell, 2, 12)
+    other = torch.randn_like(x)
+    other[:, 0] = x[:, 0]
+    sweeps = [rnn.forward_sweep(TensorInput(inp), mask, reversible=False) for inp in (x, other)]
+    for a, b in zip(sweeps[0].states, sweeps[1].states):
+        assert torch.equal(a[0], b[0]) and not torch.equal(a[1:], b[1:])
+    assert torch.equal(sweeps[0].slices[:, 0], sweeps[1].slices[:, 0])
+    with pytest.raises(ValueError, match="cannot be reversed"):
+        rnn.backward_sweep(sweeps[0], TensorInput(x))
+
+
 def test_forward_matches_autograd_forward_values():
     rnn, x, mask, *_ = _problem("revlstm", 2, 15)
     tape = rnn.forward_sweep(TensorInput(x), mask)
