@@ -86,6 +86,7 @@ class InformationBuffer:
         self._group_optimal: list[torch.Tensor] = []  # bits each push_mul group destroyed (device scalars)
         self._bad_input = torch.zeros((), dtype=torch.bool, device=self.device)
         self._widths: list[int] = []  # width of every push, host side: checks LIFO order for free
+        self._widths_of: dict[int, list[int]] = {}  # _chunk_widths by group width: the same few every step
         self._known_top = 0  # true stack height at the last host sync ...
         self._pushes_at_sync = 0  # ... and the number of pushes then
         self.syncs = 0  # host syncs done to size the stack (reported by the benchmark)
@@ -204,8 +205,12 @@ class InformationBuffer:
         return [slice(i, min(i + lanes, width)) for i in range(0, width, lanes)]
 
     def _chunk_widths(self, width: int) -> list[int]:
-        """The width of each push that a (folded) group of this width makes."""
-        return [c.stop - c.start for c in self._chunks(width)]
+        """The width of each push that a (folded) group of this width makes (not to be modified)."""
+        # Memoized: with shared rows a group makes dozens of pushes, and building their list per call
+        # was a third of a fused update's time on the host.
+        if width not in self._widths_of:
+            self._widths_of[width] = [c.stop - c.start for c in self._chunks(width)]
+        return self._widths_of[width]
 
     def _update_widths(self, h: torch.Tensor, stored: int) -> list[int]:
         """Push widths of a fused update: its buffered columns (all but the first ``stored``), folded."""
@@ -239,6 +244,8 @@ class InformationBuffer:
 
     def _check_pop(self, widths: list[int]) -> None:
         """Raise unless the last pushes had these widths (in push order): pops must mirror pushes."""
+        if len(self._widths) >= len(widths) and self._widths[len(self._widths) - len(widths):] == widths:
+            return  # the usual case, one list comparison; the loop below finds what is wrong
         for back, width in enumerate(reversed(widths), 1):
             if len(self._widths) < back:
                 raise BufferError("pop_div on an empty InformationBuffer: every pop needs a matching push_mul")
