@@ -55,6 +55,9 @@ class InformationBuffer:
             A tighter limit lets the host sync less often. Numerators below it are rejected.
         fused: on CPU, push and pop each group in one compiled loop (default) instead of tensor
             ops; the results are the same bit for bit. Ignored on other devices.
+        eager_checks: raise bad input at once, reading a flag on the host at every push (default: on
+            CPU, where that costs nothing), or keep it on the device until the next host sync that the
+            stack needs anyway (default elsewhere: a read per push would stall CUDA every time step).
         share_rows: fold every row's columns, row after row, onto all ``batch × units`` lanes
             together instead of each row onto its own ``units`` lanes. Every lane then takes
             columns of many rows and fills at about the batch's mean rate, where a lane of its own
@@ -63,12 +66,14 @@ class InformationBuffer:
     """
 
     def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
-                 max_bits: int | None = None, fused: bool = True, share_rows: bool = False) -> None:
+                 max_bits: int | None = None, fused: bool = True, share_rows: bool = False,
+                 eager_checks: bool | None = None) -> None:
         if batch < 1 or units < 1:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
         self.batch, self.units, self.share_rows = batch, units, share_rows
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.fused = fused and self.device.type == "cpu"
+        self.eager_checks = self.device.type == "cpu" if eager_checks is None else eager_checks
         self.max_bits = max_bits
         self.min_numerator = min_forget_numerator(max_bits)
         bits_per_push = FORGET_RADIX if max_bits is None else max_bits
@@ -388,7 +393,7 @@ class InformationBuffer:
     def _flag_bad(self, bad: torch.Tensor, message: str, error: type[Exception] = ValueError) -> None:
         # On CPU a check costs nothing, so raise at once; on CUDA keep the flag on the device and
         # raise at the next host sync (stack sizing, is_empty), as a per-step check would stall.
-        if self.device.type == "cpu":
+        if self.eager_checks:
             if bool(bad.any()):
                 raise error(message)
         else:
@@ -396,7 +401,7 @@ class InformationBuffer:
             self._bad_error = (error, message)
 
     def _raise_bad_input(self) -> None:
-        if self.device.type != "cpu" and bool(self._bad_input):
+        if not self.eager_checks and bool(self._bad_input):
             error, message = self._bad_error
             raise error(message)
 
@@ -408,7 +413,10 @@ class InformationBuffer:
             self.syncs += 1
             self._raise_bad_input()
             self._known_top, self._pushes_at_sync = int(self._top), self.pushes
-            needed = self._known_top + 2 + _MIN_FREE_WORDS
+            # Keep free a share of the height, not a fixed number of words: the bound assumes every
+            # push forgets max_bits, so it outruns the true height, and a fixed margin would be used
+            # up every few steps. With half the height free the syncs grow with log T, not with T.
+            needed = self._known_top + 2 + max(_MIN_FREE_WORDS, self._known_top // 2)
             if needed > self._stack.shape[0]:
                 self._stack = _grow(self._stack, max(needed, self._stack.shape[0] * 3 // 2))
         if self.pushes >= self._flags.shape[0]:

@@ -113,7 +113,9 @@ def test_ten_thousand_steps_add_many_words(impl):
         h = buf.push_mul(h, zs[-1], None)
     words = buf.word_count()
     assert words > 250  # uniform z* forgets ~1.44 bits a step: ~300 words of 53+ bits were pushed
-    assert buf.syncs < words  # the stack height is read far less often than once a step (never when fused)
+    # The stack height is read far less often than once a step (never when fused): the free margin kept
+    # after a read grows with the height, so the reads grow with log(steps) (29 here; 74 with a fixed margin).
+    assert buf.syncs <= 40
     for z in reversed(zs):
         h = buf.pop_div(h, z, None)
     assert torch.equal(h, h0) and buf.is_empty()

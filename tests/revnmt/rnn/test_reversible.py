@@ -1,8 +1,13 @@
+import contextlib
+import functools
+import warnings
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from buffers import FixedPointOverflowError
-from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput
+from buffers import FixedPointOverflowError, InformationBuffer
+from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput, reversible
 
 IN, HID, SLICE = 6, 10, 3
 
@@ -201,3 +206,65 @@ def test_compiled_and_tensor_buffers_reverse_identically(cell, monkeypatch):
     assert torch.equal(slices, slices2) and torch.equal(x_grad, x_grad2)
     assert all(torch.equal(a, b) for a, b in zip(init, init2))
     assert all(torch.equal(grads[name], grads2[name]) for name in grads)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the ops that bring a tensor's value to the host (``.item()``, ``bool()``, ``int()`` and
+    ``torch.equal`` all end in one of them): on CUDA each is a device-to-host synchronization."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default,
+             torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def _sweep_host_reads(cell, steps, device, watch=contextlib.nullcontext):
+    """Host reads of a forward and of a backward sweep (each run inside ``watch()``), and the buffer's
+    stack-sizing syncs."""
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 1, steps, device=device)
+    inputs = TensorInput(x)
+    with watch(), _HostReads() as forward:
+        tape = rnn.forward_sweep(inputs, mask)
+    with watch(), _HostReads() as backward:
+        rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grad=lambda t, out: w_out[t], slice_grad=w_slice)
+    return forward.count, backward.count, tape.buffer.syncs
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_no_host_sync_per_time_step(cell, device, monkeypatch):
+    # What CUDA runs (the buffer's tensor ops, bad input kept on the device), counted on any device:
+    # a sweep reads the host once at its end (the overflow guard; the backward's exactness check),
+    # and the buffer when its stack may be full, which grows with log T, not T.
+    monkeypatch.setattr(reversible, "InformationBuffer",
+                        functools.partial(InformationBuffer, fused=False, eager_checks=False))
+    (fwd, bwd, syncs), (fwd_long, bwd_long, syncs_long) = (_sweep_host_reads(cell, t, device) for t in (16, 128))
+    assert bwd == bwd_long <= 8
+    assert fwd - 2 * syncs == fwd_long - 2 * syncs_long == 1  # a sizing sync reads the top and the input flag
+    assert syncs_long - syncs < 15  # 112 more steps, each pushing 2 (GRU) or 4 (LSTM) groups
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_sync_debug_mode_agrees_with_the_host_read_count():
+    # torch.cuda.set_sync_debug_mode warns at every synchronizing call: as many as the reads counted.
+    caught = []
+
+    @contextlib.contextmanager
+    def sync_warnings():
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        caught.extend(w for w in seen if "synchroniz" in str(w.message))
+
+    fwd, bwd, _ = _sweep_host_reads("revlstm", 100, torch.device("cuda"), sync_warnings)
+    assert len(caught) == fwd + bwd
