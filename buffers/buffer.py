@@ -218,9 +218,9 @@ class InformationBuffer:
         return self._widths_of[width]
 
     def _update_widths(self, h: torch.Tensor, stored: int) -> list[int]:
-        """Push widths of a fused update: its buffered columns (all but the first ``stored``), folded."""
-        buffered = h.shape[1] - stored
-        return self._chunk_widths(buffered * h.shape[0] if self.share_rows else buffered)
+        """Push widths of a fused update: its buffered columns (all but the first ``stored``), folded
+        onto the lane rows as :meth:`_fold` folds a tensor (and the compiled loops, by ``_curr``'s shape)."""
+        return self._chunk_widths((h.shape[1] - stored) * h.shape[0] // self._curr.shape[0])
 
     def _push(self, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         width = h.shape[1]

@@ -160,6 +160,7 @@ def test_shared_lanes_fill_evenly_when_rows_forget_at_different_rates():
     assert own.optimal_bits() == pytest.approx(shared.optimal_bits())
     assert shared.allocated_bits() < 0.6 * own.allocated_bits()
 
+
 def test_edge_values_round_trip(impl):
     device, fused = impl
     extremes = torch.tensor([[-(2 ** 31), 2 ** 31 - 1, -1, 0, 1]], dtype=torch.int32, device=device)
