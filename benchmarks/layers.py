@@ -1,6 +1,7 @@
 """Training-step time of reversible layers against nn.GRU / nn.LSTM, side by side in one run.
 
-    python benchmarks/layers.py [--device cpu|cuda] [--json FILE] [--breakdown]
+    python benchmarks/layers.py [--device cpu|cuda] [--backend auto|numba|torch|triton] [--json FILE] [--breakdown]
+    python benchmarks/layers.py --count-kernels [--device cpu|cuda] [--json FILE]
 
 One training step = forward + backward of a 1-layer, 300-unit layer over a [T, 64, 300] input with
 a loss on every output (so every step's output gradient is needed, as in a decoder). Reversible
@@ -12,6 +13,14 @@ repetitions alternate.
 products, the buffer's compiled loops and everything else (small tensor ops, Python). cProfile
 slows every Python call, so the step takes longer under it and "everything else" is inflated;
 the products' and loops' times are those of the calls themselves.
+
+``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and
+time step in the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20,
+errors kept on the device as on CUDA). Every ATen op but views and ``empty*`` counts, which on CUDA
+is about one kernel launch each; a Triton update is one custom op, so one launch. The numba
+backend's compiled calls are not dispatched through torch and count 0 (they are CPU loops, no
+launches). Without a GPU the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is
+set for this mode on a machine without CUDA): slow, but the count is the same.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -26,9 +36,11 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import buffers  # noqa: E402
 from revnmt.rnn import ReversibleRNN, TensorInput  # noqa: E402
 from revnmt.rnn.ordinary import OrdinaryRNN  # noqa: E402
 
@@ -54,12 +66,13 @@ def _time_pair(first, second, device, repeats):
 
 
 def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None, device: torch.device,
-               repeats: int, breakdown: bool = False) -> dict:
+               repeats: int, backend: str, breakdown: bool = False) -> dict:
     torch.manual_seed(0)
     x = torch.randn(steps, batch, hidden, device=device, requires_grad=True)
     w = torch.randn(steps, batch, hidden, device=device)
     mask = torch.ones(steps, batch, dtype=torch.bool, device=device)
-    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_lanes=lanes).to(device)
+    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_lanes=lanes,
+                        buffer_backend=backend).to(device)
     ordinary = OrdinaryRNN(cell, hidden, hidden).to(device)
 
     def rev_step():
@@ -72,7 +85,8 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None
         (out * w).sum().backward()
 
     rev_ms, ord_ms = _time_pair(rev_step, ordinary_step, device, repeats)
-    case = {"cell": "rev" + cell, "T": steps, "buffer_lanes": rev.lanes_on(device), "reversible_ms": rev_ms,
+    case = {"cell": "rev" + cell, "T": steps, "backend": buffers.backends.resolve(backend, device),
+            "buffer_lanes": rev.lanes_on(device), "reversible_ms": rev_ms,
             "ordinary_ms": ord_ms,
             "ratio": rev_ms / ord_ms}
     if breakdown:
@@ -90,10 +104,43 @@ def profile_breakdown(step, repeats: int) -> dict:
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, prim calls, own time, cumulative, callers)}
     total = sum(own for _, _, own, _, _ in stats.values())
     products = sum(own for (_, _, name), (_, _, own, _, _) in stats.items() if any(p in name for p in _PRODUCTS))
-    loops = sum(own for (file, _, _), (_, _, own, _, _) in stats.items() if file.endswith("cpu_kernels.py"))
+    loops = sum(own for (file, _, _), (_, _, own, _, _) in stats.items() if file.endswith("numba_loops.py"))
     per_step = 1000 / repeats
     return {"profiled_step": total * per_step, "matrix_products": products * per_step,
             "buffer_loops": loops * per_step, "other": (total - products - loops) * per_step}
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen ops dispatched, but views (which launch nothing) and ``empty*`` (allocations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = func._schema.returns
+        view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        self.count += not (view or func.__name__.startswith("empty"))
+        return func(*args, **(kwargs or {}))
+
+
+def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64, hidden: int = 300,
+                  steps: int = 20) -> dict:
+    """Ops dispatched per time step by a forward and a reverse sweep of one reversible layer."""
+    torch.manual_seed(0)
+    x = torch.randn(steps, batch, hidden, device=device)
+    w = torch.randn(steps, batch, hidden, device=device)
+    mask = torch.ones(steps, batch, dtype=torch.bool, device=device)
+    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_backend=backend,
+                        eager_checks=False).to(device)
+    inputs = TensorInput(x)
+    rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grad=lambda t, out: w[t])  # warm-up
+    with _OpCounter() as forward:
+        tape = rev.forward_sweep(inputs, mask)
+    with _OpCounter() as reverse:
+        rev.backward_sweep(tape, inputs, output_grad=lambda t, out: w[t])
+    return {"cell": "rev" + cell, "backend": backend, "buffer_lanes": rev.lanes_on(device),
+            "forward_per_step": forward.count / steps, "reverse_per_step": reverse.count / steps}
 
 
 def main() -> None:
@@ -105,11 +152,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--buffer-lanes", type=int, nargs="+", default=[None],
                         help="buffer lanes per row to time (default: the layer's default for the device)")
+    parser.add_argument("--backend", default="auto", choices=buffers.BACKENDS,
+                        help="the buffer backend of the reversible layers (see buffers.backends)")
+    parser.add_argument("--count-kernels", action="store_true",
+                        help="count the ops every backend dispatches per layer and step instead of timing")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--breakdown", action="store_true",
                         help="also split the reversal step's time into products, buffer loops and the rest (cProfile)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.count_kernels:
+        report_kernel_counts(device, args.json)
+        return
     if device.type == "cuda":
         # The cell must compute identically in the forward and the reverse sweep.
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -117,14 +171,15 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     report = {"device": name, "batch": args.batch, "hidden": args.hidden, "cases": []}
     print(f"training step (forward + backward), batch {args.batch}, {args.hidden} units, 1 layer, on {name}")
-    print(f"{'cell':8s} {'T':>4s} {'lanes':>5s} {'reversible ms':>14s} {'ordinary ms':>12s} {'ratio':>6s}")
+    print(f"{'cell':8s} {'T':>4s} {'lanes':>5s} {'reversible ms':>14s} {'ordinary ms':>12s} {'ratio':>6s} backend")
     for cell in ("gru", "lstm"):
         for steps in args.steps:
             for lanes in args.buffer_lanes:
-                case = bench_case(cell, steps, args.batch, args.hidden, lanes, device, args.repeats, args.breakdown)
+                case = bench_case(cell, steps, args.batch, args.hidden, lanes, device, args.repeats, args.backend,
+                                  args.breakdown)
                 report["cases"].append(case)
                 print(f"{case['cell']:8s} {steps:4d} {case['buffer_lanes']:5d} {case['reversible_ms']:14.1f} "
-                      f"{case['ordinary_ms']:12.1f} {case['ratio']:6.2f}")
+                      f"{case['ordinary_ms']:12.1f} {case['ratio']:6.2f} {case['backend']}")
                 if "breakdown_ms" in case:
                     b = case["breakdown_ms"]
                     print(f"{'':19s}under cProfile {b['profiled_step']:.1f} ms: matrix products {b['matrix_products']:.1f}, "
@@ -133,5 +188,25 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def report_kernel_counts(device: torch.device, json_path: Path | None) -> None:
+    """Print (and write as JSON) the ops per layer-step of every backend that runs on ``device``."""
+    names = ["numba", "torch", "triton"] if device.type == "cpu" else ["torch", "triton"]
+    names = [n for n in names if n != "triton" or buffers.backends.triton_available()]
+    print(f"ops dispatched per layer and time step (batch 64, 300 units, T = 20) on {device}")
+    print(f"{'cell':8s} {'backend':8s} {'lanes':>5s} {'forward':>8s} {'reverse':>8s}")
+    kernels = []
+    for cell in ("gru", "lstm"):
+        for name in names:
+            entry = count_kernels(cell, name, device)
+            kernels.append(entry)
+            print(f"{entry['cell']:8s} {name:8s} {entry['buffer_lanes']:5d} {entry['forward_per_step']:8.1f} "
+                  f"{entry['reverse_per_step']:8.1f}")
+    if json_path:
+        json_path.write_text(json.dumps({"device": str(device), "batch": 64, "hidden": 300, "T": 20,
+                                         "kernels": kernels}, indent=2) + "\n")
+
+
 if __name__ == "__main__":
+    if "--count-kernels" in sys.argv and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     main()

@@ -3,9 +3,15 @@
 This package knows nothing of NMT: it provides int32 fixed-point conversions, exactly reversible
 multiplication by quantized gates (Algorithm 1 of Maclaurin et al. 2015, as used by MacKay et al.
 2018), and :class:`InformationBuffer`, which stores the bits those multiplications destroy.
+
+Modules: :mod:`.fixed` (fixed point), :mod:`.multiply` (Algorithm 1 as tensor ops), :mod:`.words`
+(the buffer's words and their bookkeeping), :mod:`.backends` (where the arithmetic runs: numba,
+torch or Triton), :mod:`.buffer` (the front that ties them together).
 """
 
-from .buffer import WORD_LIMIT, BufferError, InformationBuffer
+from .backends import BACKENDS
+from .buffer import InformationBuffer
+from .words import WORD_LIMIT, BufferError
 from .fixed import (
     FORGET_ONE,
     FORGET_RADIX,
@@ -14,8 +20,8 @@ from .fixed import (
     FixedPointOverflowError,
     OverflowGuard,
     checked_add,
-    checked_sub,
     forget_multiplier,
+    lossy_update,
     min_forget_numerator,
     quantize_forget,
     restrict_forget,
@@ -26,8 +32,8 @@ from .fixed import (
 from .multiply import div_exact, mul_exact
 
 __all__ = [
-    "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "HIDDEN_RADIX", "InformationBuffer",
-    "MAX_FORGET_CHOICES", "OverflowGuard", "WORD_LIMIT", "checked_add", "checked_sub", "div_exact",
-    "forget_multiplier", "min_forget_numerator", "mul_exact", "quantize_forget", "restrict_forget",
+    "BACKENDS", "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "HIDDEN_RADIX", "InformationBuffer",
+    "MAX_FORGET_CHOICES", "OverflowGuard", "WORD_LIMIT", "checked_add", "div_exact",
+    "forget_multiplier", "lossy_update", "min_forget_numerator", "mul_exact", "quantize_forget", "restrict_forget",
     "straight_through", "to_fixed", "to_float",
 ]

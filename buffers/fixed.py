@@ -63,17 +63,25 @@ def _report(bad: torch.Tensor, what: str, guard: OverflowGuard | None) -> None:
         guard.record(bad, what)
 
 
+def round_fixed(x: torch.Tensor, radix: int = HIDDEN_RADIX) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` rounded (half to even) to fixed point with ``radix`` fractional bits, as int64 clamped
+    to the int32 range, and where it left that range (NaN included)."""
+    scaled = torch.round(x.detach().double() * (1 << radix))
+    # scaled is an integer, so it fits int32 exactly when |scaled + 0.5| <= 2^31 − 0.5;
+    # written as "not <=" so that NaN counts as out of range
+    bad = ~((scaled + 0.5).abs() <= INT32_MAX + 0.5)
+    return scaled.clamp(INT32_MIN, INT32_MAX).long(), bad
+
+
 def to_fixed(x: torch.Tensor, radix: int = HIDDEN_RADIX, guard: OverflowGuard | None = None) -> torch.Tensor:
     """Round a float tensor to int32 fixed point with ``radix`` fractional bits.
 
     Out-of-range values (and NaN) raise, now or at ``guard.check()`` when a guard is given;
     meanwhile they are clamped, so no undefined float-to-int cast happens.
     """
-    scaled = torch.round(x.detach().double() * (1 << radix))
-    # scaled is an integer, so it fits int32 exactly when |scaled + 0.5| <= 2^31 − 0.5;
-    # written as "not <=" so that NaN counts as out of range
-    _report(~((scaled + 0.5).abs() <= INT32_MAX + 0.5), "to_fixed", guard)
-    return scaled.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+    fixed, bad = round_fixed(x, radix)
+    _report(bad, "to_fixed", guard)
+    return fixed.to(torch.int32)
 
 
 def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -81,17 +89,17 @@ def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = to
     return h.to(dtype) * (2.0 ** -radix)
 
 
+def outside_int32(s: torch.Tensor) -> torch.Tensor:
+    """Where an int64 tensor holds a value outside the int32 range."""
+    # s fits int32 exactly when s − INT32_MIN lies in [0, 2^32), i.e. has no bits above bit 31
+    return ((s - INT32_MIN) >> 32) != 0
+
+
 def checked_add(a: torch.Tensor, b: torch.Tensor, guard: OverflowGuard | None = None) -> torch.Tensor:
     """int32 a + b, computed in int64 so that leaving the int32 range is detected, not wrapped."""
     s = a.long() + b
-    # s fits int32 exactly when s − INT32_MIN lies in [0, 2^32), i.e. has no bits above bit 31
-    _report(((s - INT32_MIN) >> 32) != 0, "state update", guard)
+    _report(outside_int32(s), "state update", guard)
     return s.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
-
-
-def checked_sub(a: torch.Tensor, b: torch.Tensor, guard: OverflowGuard | None = None) -> torch.Tensor:
-    """int32 a - b with the same range check as :func:`checked_add`."""
-    return checked_add(a, -b.long(), guard)
 
 
 def forget_multiplier(max_bits: int | None) -> float:
@@ -123,6 +131,17 @@ def quantize_forget(z: torch.Tensor, max_bits: int | None) -> torch.Tensor:
     """
     zq = torch.round(z.detach() * FORGET_ONE).long()
     return zq.clamp(min_forget_numerator(max_bits), FORGET_ONE)
+
+
+def lossy_update(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, max_bits: int | None,
+                 guard: OverflowGuard | None = None) -> torch.Tensor:
+    """h ← z·h + u on rows where ``mask``, with the plain floor product and no buffer: where nothing
+    will be reversed (inference). It differs from the buffered update only in the low bits the
+    buffer would have refilled (< z* units of 2^-23)."""
+    zq = quantize_forget(z, max_bits)
+    ui = to_fixed(u, guard=guard) * mask[:, None]  # a padded row adds 0 and is not multiplied
+    product = torch.where(mask[:, None], (h.long() >> FORGET_RADIX) * zq, h.long())
+    return checked_add(product, ui, guard)
 
 
 def straight_through(exact: torch.Tensor, surrogate: torch.Tensor) -> torch.Tensor:

@@ -74,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             vars(args).update(lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
         data = load_data(args, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
         if state is not None:
-            # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies.
-            state["model_config"]["buffer_lanes"] = args.buffer_lanes
+            # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
+            # and so does --buffer-backend, which changes no result.
+            state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)
         model = (Seq2Seq.from_checkpoint_state(state) if state is not None
                  else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
     except (OSError, ValueError, RuntimeError, KeyError) as error:

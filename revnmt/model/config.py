@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from buffers import MAX_FORGET_CHOICES
+from buffers import BACKENDS, MAX_FORGET_CHOICES
 
 RNN_TYPES = ("revgru", "revlstm", "gru", "lstm")
 ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
@@ -22,7 +22,8 @@ class ModelConfig:
     attention: str = "emb+slice"
     slice_dim: int = 20
     max_forget_bits: int | None = 3
-    buffer_lanes: int | None = None  # None: revnmt.rnn.reversible.DEFAULT_LANES for the device
+    buffer_lanes: int | None = None  # None: revnmt.rnn.reversible.DEFAULT_LANES for the backend
+    buffer_backend: str = "auto"  # where the buffer's arithmetic runs (buffers.backends); same results
     src_vocab: int = 0
     tgt_vocab: int = 0
 
@@ -64,6 +65,8 @@ class ModelConfig:
             if not 1 <= self.slice_dim <= self.hidden_size // 2:
                 raise ValueError(f"--slice-dim must be in [1, hidden_size/2 = {self.hidden_size // 2}] for "
                                  f"{self.attention!r} attention, got {self.slice_dim}")
+        if self.buffer_backend not in BACKENDS:
+            raise ValueError(f"unknown --buffer-backend {self.buffer_backend!r}; choose one of {', '.join(BACKENDS)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.src_vocab < 5 or self.tgt_vocab < 5:

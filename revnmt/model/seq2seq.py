@@ -81,7 +81,7 @@ class Seq2Seq(nn.Module):
         if cfg.reversible:
             def make(slice_dim: int) -> ReversibleRNN:
                 return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
-                                     cfg.max_forget_bits, slice_dim, cfg.buffer_lanes)
+                                     cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend)
             self.encoder, self.decoder = make(cfg.stored_units), make(0)
         else:
             self.encoder = OrdinaryRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout)

@@ -9,7 +9,8 @@ depend only on h1(t), so h2(t−1) can be recovered; then half 1 likewise.
 Every mode takes the layer input as its projection ``p = cell.project(x)`` (see :meth:`RevCell.project`).
 Modes (every one calls the same ``_gates`` code on the same float values, which is what makes
 the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong divisor):
-- ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference).
+- ``forward_int``: no grad, pushes onto the buffer (training forward; with ``buf=None``, inference,
+  where range errors go to ``guard``; a buffer keeps its own).
 - ``reverse_diff``: pops to the exact previous state and backpropagates the step by hand, with
   the same gates (training by reversal). Output columns stored exactly elsewhere (the top encoder layer's
   attention slice, ``stored``) skip the buffer and are restored from the stored copy
@@ -29,16 +30,13 @@ from torch import nn
 
 from buffers import (
     FORGET_ONE,
-    FORGET_RADIX,
     InformationBuffer,
     OverflowGuard,
-    checked_add,
-    checked_sub,
     forget_multiplier,
+    lossy_update,
     quantize_forget,
     restrict_forget,
     straight_through,
-    to_fixed,
     to_float,
 )
 
@@ -57,46 +55,19 @@ class _Group:
                  guard: OverflowGuard | None) -> None:
         self.max_bits, self.buf, self.mask, self.guard = max_bits, buf, mask, guard
 
-    def _terms(self, z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # A padded lane adds 0 and (inside the buffer) is not multiplied: arithmetic, no branch.
-        zq = quantize_forget(z, self.max_bits)
-        ui = to_fixed(u, guard=self.guard) * self.mask[:, None]
-        return zq, ui
-
-    def _lossy(self, h: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
-        # The plain floor product: it differs from the buffered one only in the low bits the
-        # buffer would have refilled (< z* units of 2^-23). Used where nothing will be reversed.
-        return torch.where(self.mask[:, None], (h.long() >> FORGET_RADIX) * zq, h.long()).to(torch.int32)
-
     def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, stored: int = 0) -> torch.Tensor:
         """h ← z·h + u. The first ``stored`` columns are kept exactly elsewhere (the attention
         slice), so they skip the buffer; without a buffer (inference) every column does."""
-        if self.buf is not None and self.buf.fused:  # CPU: one compiled call instead of ~25 small ops
-            return self.buf.push_update(h, z, u, self.mask, stored)
-        zq, ui = self._terms(z, u)
         if self.buf is None:
-            stored = h.shape[1]
-        parts = []
-        if stored:
-            parts.append(self._lossy(h[:, :stored], zq[:, :stored]))
-        if stored < h.shape[1]:
-            parts.append(self.buf.push_mul(h[:, stored:], zq[:, stored:], self.mask))
-        return checked_add(torch.cat(parts, 1) if len(parts) > 1 else parts[0], ui, self.guard)
+            return lossy_update(h, z, u, self.mask, self.max_bits, self.guard)
+        return self.buf.push_update(h, z, u, self.mask, stored)
 
     def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, restore: torch.Tensor | None = None):
         """The inverse of :meth:`push`; ``restore`` gives the stored columns' previous values."""
-        if self.buf.fused:
-            h = self.buf.pop_update(h, z, u, self.mask, 0 if restore is None else restore.shape[1])
-            if restore is not None:
-                h[:, : restore.shape[1]] = restore
-            return h
-        zq, ui = self._terms(z, u)
-        h = checked_sub(h, ui, self.guard)
-        stored = 0 if restore is None else restore.shape[1]
-        parts = [] if restore is None else [restore]
-        if stored < h.shape[1]:
-            parts.append(self.buf.pop_div(h[:, stored:], zq[:, stored:], self.mask))
-        return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        h = self.buf.pop_update(h, z, u, self.mask, 0 if restore is None else restore.shape[1])
+        if restore is not None:
+            h[:, : restore.shape[1]] = restore
+        return h
 
     def _factor(self, z: torch.Tensor) -> torch.Tensor:
         """The factor z*/2^R_Z the update really multiplies by, as a float."""
@@ -216,8 +187,7 @@ class RevCell(nn.Module):
 
     @torch.no_grad()
     def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
-                     mask: torch.Tensor, guard: OverflowGuard | None = None,
-                     restore: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     mask: torch.Tensor, restore: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
         ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
@@ -228,7 +198,7 @@ class RevCell(nn.Module):
         first, from the new h1; its gradient on h1 joins ``grad`` before half 1 is backpropagated.
         """
         ints, grads = self._split(state), list(grad.split(self.half, 1))
-        grp = self._group(buf, mask, guard)
+        grp = self._group(buf, mask, None)
         # Each half writes its gate gradients into its columns of one tensor: concatenating them
         # would double the step's largest temporaries (memory accounting counts this working set).
         grad_p = torch.empty_like(p)

@@ -29,7 +29,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, to_float
+from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, backends, to_float
 
 from .cells import REV_CELLS, RevCell
 
@@ -45,14 +45,12 @@ from .cells import REV_CELLS, RevCell
 PROJECTION_STEPS = 2
 
 
-#: Buffer lanes per batch row when none are asked for (``buffer_lanes=None``), by where the buffer runs.
-#: On CPU the compiled loops make the lane count cost no time (benchmarks/layers.py --buffer-lanes 2 3 16 150
-#: runs within its noise), and few lanes fill their 64-bit words best. On the Multi30K RevGRU trained to its best
-#: dev BLEU (python -m revnmt.memory --checkpoint runs/multi30k/revgru-emb+slice-3bit --batches 20 --buffer-lanes N),
-#: rows sharing their lanes, the encoder / decoder ratios were 9.32x / 17.87x at 16 lanes, 10.21 / 20.92 at 5,
-#: 10.55 / 22.04 at 3, 10.79 / 22.13 at 2 and 10.64 / 21.42 at 1. The tensor ops that CUDA runs loop over a half's
-#: ⌈(H/2) / lanes⌉ chunks, each a few kernel launches, so there more lanes are faster.
-DEFAULT_LANES = {"compiled": 3, "tensor": 16}
+#: Buffer lanes per batch row when none are asked for (``buffer_lanes=None``), by the buffer's backend.
+#: The numba loops run as fast with any lane count, and few lanes fill their 64-bit words best (the
+#: lane study is in docs/performance.md). The torch backend loops over a half's ⌈(H/2) / lanes⌉ chunks,
+#: each a few kernel launches, and the Triton kernel over the same chunks inside one program, so there
+#: more lanes are faster.
+DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
 
 
 class ReversalError(RuntimeError):
@@ -156,7 +154,14 @@ class Tape:
     mask: torch.Tensor  # [T, B] bool, True on real tokens
     dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
     slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
-    guard: OverflowGuard
+    guard: OverflowGuard | None  # range errors of an inference sweep (a buffer keeps its own)
+
+    def check(self) -> None:
+        """Raise a range error recorded on the device during the sweep (one host read)."""
+        if self.buffer is not None:
+            self.buffer.check()
+        else:
+            self.guard.check()
 
     def stored_bits(self) -> dict[str, float]:
         """Analytic bits this tape holds for backward: buffer words and stored slices."""
@@ -182,7 +187,8 @@ class ReversibleRNN(nn.Module):
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
-                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None) -> None:
+                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None,
+                 buffer_backend: str = "auto", eager_checks: bool | None = None) -> None:
         super().__init__()
         if cell not in REV_CELLS:
             raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
@@ -192,12 +198,15 @@ class ReversibleRNN(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if buffer_lanes is not None and buffer_lanes < 1:
             raise ValueError(f"buffer_lanes must be positive, got {buffer_lanes}")
+        if buffer_backend not in backends.BACKENDS:
+            raise ValueError(f"unknown buffer backend {buffer_backend!r}; choose one of {', '.join(backends.BACKENDS)}")
         self.cells: nn.ModuleList = nn.ModuleList(
             REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, max_forget_bits)
             for layer in range(num_layers)
         )
         self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
         self.max_forget_bits, self.slice_dim, self.buffer_lanes = max_forget_bits, slice_dim, buffer_lanes
+        self.buffer_backend, self.eager_checks = buffer_backend, eager_checks
 
     @property
     def state_size(self) -> int:
@@ -226,13 +235,14 @@ class ReversibleRNN(nn.Module):
         """
         half = self.cells[0].half
         lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
-        return InformationBuffer(batch, lanes, device, self.max_forget_bits, share_rows=True)
+        return InformationBuffer(batch, lanes, device, self.max_forget_bits, backend=self.buffer_backend,
+                                 share_rows=True, eager_checks=self.eager_checks)
 
     def lanes_on(self, device: torch.device) -> int:
-        """The lanes asked for, or the default where the buffer runs (compiled loops on CPU)."""
+        """The lanes asked for, or the default of the backend the buffer uses on ``device``."""
         if self.buffer_lanes is not None:
             return self.buffer_lanes
-        return DEFAULT_LANES["compiled" if torch.device(device).type == "cpu" else "tensor"]
+        return DEFAULT_LANES[backends.resolve(self.buffer_backend, device)]
 
     def draw_dropout(self, batch: int, device: torch.device) -> list[torch.Tensor | None]:
         """Inverted-dropout masks for the inputs of layers 1…L−1, one per batch (locked over time)."""
@@ -290,7 +300,7 @@ class ReversibleRNN(nn.Module):
         buffer = self.new_buffer(batch, device) if reversible else None
         tape = Tape(states=states, initial=[s.clone() for s in states], buffer=buffer,
                     mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
-                    slices=None, guard=OverflowGuard(device))
+                    slices=None, guard=None if reversible else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
         projection = InputProjection(self.cells[0], inputs)
@@ -301,7 +311,7 @@ class ReversibleRNN(nn.Module):
                                                  self._stored(layer))
             if tape.slices is not None:
                 tape.slices[t] = states[-1][:, : self.slice_dim]
-        tape.guard.check()  # one host sync per sweep, not per step
+        tape.check()  # one host sync per sweep, not per step
         return tape
 
     def backward_sweep(self, tape: Tape, inputs: SequenceInput, grad_final: list[torch.Tensor | None] | None = None,
@@ -353,7 +363,7 @@ class ReversibleRNN(nn.Module):
                     restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
                 p, x = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
                 prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
-                                                               tape.mask[t], tape.guard, restore)
+                                                               tape.mask[t], restore)
                 # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
                 if layer == 0:
                     projection.backward(t, p_grad)
@@ -364,7 +374,7 @@ class ReversibleRNN(nn.Module):
         return grads
 
     def _check_exact(self, tape: Tape) -> None:
-        tape.guard.check()
+        tape.check()
         for layer, (got, want) in enumerate(zip(tape.states, tape.initial)):
             if not torch.equal(got, want):
                 wrong = (got != want).sum().item()
@@ -394,7 +404,7 @@ class ReversibleRNN(nn.Module):
         ints = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
         floats = list(initial_float) if initial_float is not None else [to_float(s) for s in ints]
         dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
-        buf, guard = self.new_buffer(batch, device), OverflowGuard(device)
+        buf = self.new_buffer(batch, device)
         outputs, slices = [], []
         projected = project_steps(self.cells[0], x)  # the values the sweeps compute chunk by chunk
         for t in range(steps):
@@ -404,11 +414,11 @@ class ReversibleRNN(nn.Module):
                 else:
                     p = cell.project(self._drop(layer, floats[layer - 1][:, : self.hidden_size], dropout))
                 with torch.no_grad():
-                    ints[layer] = cell.forward_int(p.detach(), ints[layer], buf, mask[t], guard, self._stored(layer))
+                    ints[layer] = cell.forward_int(p.detach(), ints[layer], buf, mask[t], None, self._stored(layer))
                 floats[layer] = cell.forward_diff(p, floats[layer], ints[layer], mask[t])
             outputs.append(floats[-1][:, : self.hidden_size])
             slices.append(floats[-1][:, : self.slice_dim])
-        guard.check()
+        buf.check()
         return torch.stack(outputs), floats, torch.stack(slices) if self.slice_dim else None, ints
 
     # ------------------------------------------------------------------ inference

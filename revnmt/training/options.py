@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from buffers import BACKENDS
 from revnmt.data import SPECIALS
 from revnmt.memory.sizes import parse_bytes
 from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
@@ -117,7 +118,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
                        help="information-buffer lanes per sentence, shared by the batch (reversible RNNs; default: "
-                       f"{DEFAULT_LANES['compiled']} on CPU, {DEFAULT_LANES['tensor']} on CUDA)")
+                       f"{DEFAULT_LANES['numba']} with the numba backend, {DEFAULT_LANES['triton']} with triton or torch)")
+    model.add_argument("--buffer-backend", choices=BACKENDS, default=defaults.buffer_backend,
+                       help="where the information buffer's arithmetic runs (reversible RNNs): compiled CPU loops "
+                       "(numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, any device; "
+                       "slow); auto: numba on CPU, triton on CUDA. All give the same results bit for bit")
 
 
 
@@ -165,6 +170,7 @@ def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> Mo
     return ModelConfig(rnn=args.rnn, emb_dim=args.emb_dim, hidden_size=args.hidden_size, layers=args.layers,
                        dropout=args.dropout, attention=args.attention, slice_dim=args.slice_dim,
                        max_forget_bits=args.max_forget_bits, buffer_lanes=args.buffer_lanes,
+                       buffer_backend=args.buffer_backend,
                        src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate()
 
 

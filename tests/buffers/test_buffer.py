@@ -1,22 +1,35 @@
 import pytest
 import torch
+from conftest import ALL_BACKENDS, FAST_BACKENDS, HAS_CUDA, HAS_TRITON
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers import FORGET_ONE, BufferError, InformationBuffer
+from buffers import FORGET_ONE, BufferError, FixedPointOverflowError, InformationBuffer, backends
+from buffers.fixed import checked_add, quantize_forget, to_fixed
 
-# (device, fused): the compiled CPU loops, the tensor ops on CPU, and the tensor ops on CUDA.
-IMPLEMENTATIONS = [
-    pytest.param(("cpu", True), id="cpu-fused"),
-    pytest.param(("cpu", False), id="cpu-tensor"),
-    pytest.param(("cuda", False), id="cuda",
-                 marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
-]
+# The backends the CPU can run, compared bit for bit with each other (Triton in its interpreter).
+CPU_BACKENDS = ["numba", "torch"] + (["triton"] if HAS_TRITON and not HAS_CUDA else [])
 
 
-@pytest.fixture(params=IMPLEMENTATIONS)
-def impl(request) -> tuple[str, bool]:
+@pytest.fixture(params=ALL_BACKENDS)
+def impl(request) -> tuple[str, str]:
+    """(device, backend): every backend, Triton interpreted on CPU where there is no GPU."""
     return request.param
+
+
+@pytest.fixture(params=FAST_BACKENDS)
+def fast_impl(request) -> tuple[str, str]:
+    return request.param
+
+
+def _buffer(impl, batch, units, **kwargs) -> InformationBuffer:
+    device, backend = impl
+    return InformationBuffer(batch, units, device=device, backend=backend, **kwargs)
+
+
+def _steps(impl, steps: int) -> int:
+    """Fewer steps in Triton's interpreter (~20 ms a launch), so each test stays within seconds."""
+    return min(steps, 10) if impl == ("cpu", "triton") else steps
 
 
 def _random_state(gen, batch, width, device):
@@ -32,25 +45,43 @@ def _random_z(gen, shape, zmin, device):
     return z.to(device)
 
 
+def _random_mask(gen, kind, batch, width, device):
+    if kind == "rows":
+        return (torch.rand(batch, generator=gen) < 0.8).to(device)
+    if kind == "lanes":
+        return (torch.rand(batch, width, generator=gen) < 0.8).to(device)
+    return None
+
+
+def _snapshot(buf: InformationBuffer) -> dict:
+    """Everything a backend writes: live words, the stack up to its height, the height, the flags, the error code."""
+    words = buf.words
+    top = int(words.top)
+    return {"curr": words.curr.cpu(), "stack": words.stack[:top].cpu(), "top": top,
+            "flags": words.flags[: words.pushes].cpu(), "status": int(words.status)}
+
+
+def _assert_same_words(a: InformationBuffer, b: InformationBuffer) -> None:
+    sa, sb = _snapshot(a), _snapshot(b)
+    for key in sa:
+        assert (torch.equal(sa[key], sb[key]) if isinstance(sa[key], torch.Tensor) else sa[key] == sb[key]), key
+    assert a.optimal_bits() == pytest.approx(b.optimal_bits(), rel=1e-12)
+
+
 def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows", share_rows=False):
     """Push `steps` rounds over groups of the given widths, pop them all, compare every state."""
-    device, fused = impl
+    device = impl[0]
     gen = torch.Generator().manual_seed(seed)
     widths = widths or [units]
     zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    buf = InformationBuffer(batch, units, device=device, max_bits=max_bits, fused=fused, share_rows=share_rows)
+    buf = _buffer(impl, batch, units, max_bits=max_bits, share_rows=share_rows)
     states = [_random_state(gen, batch, w, device) for w in widths]
     initial = [s.clone() for s in states]
     history = []
     for _ in range(steps):
         for g, w in enumerate(widths):
             z = _random_z(gen, (batch, w), zmin, device)
-            if mask_kind == "rows":
-                mask = (torch.rand(batch, generator=gen) < 0.8).to(device)
-            elif mask_kind == "lanes":
-                mask = (torch.rand(batch, w, generator=gen) < 0.8).to(device)
-            else:
-                mask = None
+            mask = _random_mask(gen, mask_kind, batch, w, device)
             before = states[g]
             states[g] = buf.push_mul(before, z, mask)
             if mask is not None:
@@ -68,43 +99,86 @@ def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None,
 @settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 60), seed=st.integers(0, 2 ** 31),
        max_bits=st.sampled_from([1, 2, 3, 5, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
-       fused=st.booleans(), share_rows=st.booleans())
-def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind, fused, share_rows):
-    _run_round_trip(("cpu", fused), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind,
+       backend=st.sampled_from(["numba", "torch"]), share_rows=st.booleans())
+def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind, backend, share_rows):
+    _run_round_trip(("cpu", backend), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind,
                     share_rows=share_rows)
 
 
-@settings(max_examples=25, deadline=None)
-@given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 80), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=3),
+@pytest.mark.skipif(len(CPU_BACKENDS) < 3, reason="triton is not installed, or CUDA runs the real kernels")
+@settings(max_examples=6, deadline=None)
+@given(batch=st.integers(1, 4), units=st.integers(1, 6), steps=st.integers(1, 10), seed=st.integers(0, 2 ** 31),
+       max_bits=st.sampled_from([1, 3, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
        share_rows=st.booleans())
-def test_fused_and_tensor_paths_agree_bit_for_bit(batch, units, steps, seed, max_bits, widths, share_rows):
+def test_round_trip_property_triton_interpreted(batch, units, steps, seed, max_bits, mask_kind, share_rows):
+    _run_round_trip(("cpu", "triton"), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind,
+                    share_rows=share_rows)
+
+
+@settings(max_examples=6, deadline=None)
+@given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 8), seed=st.integers(0, 2 ** 31),
+       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=2),
+       share_rows=st.booleans(), mask_kind=st.sampled_from(["rows", "lanes", "none"]))
+def test_backends_agree_bit_for_bit_on_numerators(batch, units, steps, seed, max_bits, widths, share_rows, mask_kind):
+    # Several groups of different widths share one buffer; every output, word, the stack, its height
+    # and the flags must be the same whatever the backend, after every push and every pop.
     gen = torch.Generator().manual_seed(seed)
     zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    fused, tensor = (InformationBuffer(batch, units, max_bits=max_bits, fused=f, share_rows=share_rows)
-                     for f in (True, False))
+    bufs = [InformationBuffer(batch, units, max_bits=max_bits, backend=b, share_rows=share_rows) for b in CPU_BACKENDS]
     states = [_random_state(gen, batch, w, "cpu") for w in widths]
     history = []
     for _ in range(steps):
         for g, w in enumerate(widths):
-            z, mask = _random_z(gen, (batch, w), zmin, "cpu"), torch.rand(batch, w, generator=gen) < 0.8
-            out = fused.push_mul(states[g], z, mask)
-            assert torch.equal(out, tensor.push_mul(states[g], z, mask))
+            z, mask = _random_z(gen, (batch, w), zmin, "cpu"), _random_mask(gen, mask_kind, batch, w, "cpu")
+            outs = [buf.push_mul(states[g], z, mask) for buf in bufs]
+            assert all(torch.equal(out, outs[0]) for out in outs)
             history.append((g, z, mask))
-            states[g] = out
-    assert fused.word_count() == tensor.word_count() and fused.allocated_bits() == tensor.allocated_bits()
-    assert fused.optimal_bits() == pytest.approx(tensor.optimal_bits(), rel=1e-12)
-    assert torch.equal(fused._curr, tensor._curr)
+            states[g] = outs[0]
+    for buf in bufs[1:]:
+        _assert_same_words(buf, bufs[0])
     for g, z, mask in reversed(history):
-        out = fused.pop_div(states[g], z, mask)
-        assert torch.equal(out, tensor.pop_div(states[g], z, mask))
-        states[g] = out
-    assert fused.is_empty() and tensor.is_empty()
+        outs = [buf.pop_div(states[g], z, mask) for buf in bufs]
+        assert all(torch.equal(out, outs[0]) for out in outs)
+        states[g] = outs[0]
+    assert all(buf.is_empty() for buf in bufs)
 
 
-def test_ten_thousand_steps_add_many_words(impl):
-    device, fused = impl
-    buf = InformationBuffer(3, 4, device=device, fused=fused)
+@settings(max_examples=6, deadline=None)
+@given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 6), seed=st.integers(0, 2 ** 31),
+       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=2),
+       share_rows=st.booleans(), data=st.data())
+def test_backends_agree_bit_for_bit_on_updates(batch, units, steps, seed, max_bits, widths, share_rows, data):
+    # Whole updates h ← z·h + u as the cells make them: float gates (with values that round half-way),
+    # padded rows, stored columns that skip the buffer.
+    gen = torch.Generator().manual_seed(seed)
+    stored = [data.draw(st.integers(0, w)) for w in widths]
+    bufs = [InformationBuffer(batch, units, max_bits=max_bits, backend=b, share_rows=share_rows) for b in CPU_BACKENDS]
+    states = [_random_state(gen, batch, w, "cpu") >> 3 for w in widths]
+    history = []
+    for _ in range(steps):
+        for g, w in enumerate(widths):
+            z = torch.rand(batch, w, generator=gen)
+            halfway = (torch.randint(0, FORGET_ONE, (batch, w), generator=gen) + 0.5) / FORGET_ONE
+            z = torch.where(torch.rand(batch, w, generator=gen) < 0.2, halfway, z)
+            u = torch.randn(batch, w, generator=gen)
+            mask = torch.rand(batch, generator=gen) < 0.8
+            outs = [buf.push_update(states[g], z, u, mask, stored[g]) for buf in bufs]
+            assert all(torch.equal(out, outs[0]) for out in outs)
+            history.append((g, z, u, mask, states[g]))
+            states[g] = outs[0]
+    for buf in bufs[1:]:
+        _assert_same_words(buf, bufs[0])
+    for g, z, u, mask, before in reversed(history):
+        outs = [buf.pop_update(states[g], z, u, mask, stored[g]) for buf in bufs]
+        assert all(torch.equal(out, outs[0]) for out in outs)
+        assert torch.equal(outs[0][:, stored[g]:], before[:, stored[g]:])
+        states[g] = before
+    assert all(buf.is_empty() for buf in bufs)
+
+
+def test_ten_thousand_steps_add_many_words(fast_impl):
+    device = fast_impl[0]
+    buf = _buffer(fast_impl, 3, 4)
     gen = torch.Generator().manual_seed(1)
     h0 = _random_state(gen, 3, 4, device)
     h, zs = h0, []
@@ -113,8 +187,8 @@ def test_ten_thousand_steps_add_many_words(impl):
         h = buf.push_mul(h, zs[-1], None)
     words = buf.word_count()
     assert words > 250  # uniform z* forgets ~1.44 bits a step: ~300 words of 53+ bits were pushed
-    # The stack height is read far less often than once a step (never when fused): the free margin kept
-    # after a read grows with the height, so the reads grow with log(steps) (29 here; 74 with a fixed margin).
+    # The stack height is read far less often than once a step: the free margin kept after a read
+    # grows with the height, so the reads grow with log(steps) (29 here; 74 with a fixed margin).
     assert buf.syncs <= 40
     for z in reversed(zs):
         h = buf.pop_div(h, z, None)
@@ -124,13 +198,13 @@ def test_ten_thousand_steps_add_many_words(impl):
 @pytest.mark.parametrize("share_rows", [False, True])
 def test_groups_of_different_widths_share_one_buffer(impl, share_rows):
     # e.g. h1 with an attention slice (narrower), h2, c1, c2 of a two-layer RevLSTM
-    _run_round_trip(impl, batch=6, units=10, steps=80, seed=3, max_bits=3, widths=[7, 10, 10, 10, 7, 10],
-                    share_rows=share_rows)
+    _run_round_trip(impl, batch=6, units=10, steps=_steps(impl, 80) // 2, seed=3, max_bits=3,
+                    widths=[7, 10, 10, 10, 7, 10], share_rows=share_rows)
 
 
 def test_wide_groups_fold_onto_few_lanes(impl):
     # 150-column halves on a 32-lane buffer: chunks of 32, 32, 32, 32, 22 columns per push
-    buf = _run_round_trip(impl, batch=4, units=32, steps=30, seed=5, max_bits=3, widths=[150, 150, 20])
+    buf = _run_round_trip(impl, batch=4, units=32, steps=_steps(impl, 30), seed=5, max_bits=3, widths=[150, 150, 20])
     assert buf.pushes == 0
 
 
@@ -162,15 +236,19 @@ def test_shared_lanes_fill_evenly_when_rows_forget_at_different_rates():
 
 
 def test_edge_values_round_trip(impl):
-    device, fused = impl
+    # z* = 1 forgets 10 bits a push: a word overflows every 6 pushes, so slabs are pushed and popped.
+    device = impl[0]
     extremes = torch.tensor([[-(2 ** 31), 2 ** 31 - 1, -1, 0, 1]], dtype=torch.int32, device=device)
     for z_value in (1, 2, 1023, FORGET_ONE):
-        buf = InformationBuffer(1, 5, device=device, fused=fused)
+        buf = _buffer(impl, 1, 5)
         z = torch.full((1, 5), z_value, device=device)
         h = extremes
-        for _ in range(30):
+        steps = 30 if z_value == 1 else _steps(impl, 30) // 2
+        for _ in range(steps):
             h = buf.push_mul(h, z)
-        for _ in range(30):
+        if z_value == 1:
+            assert buf.word_count() == 5  # 300 bits forgotten, 53 to 63 a word
+        for _ in range(steps):
             h = buf.pop_div(h, z)
         assert torch.equal(h, extremes) and buf.is_empty()
 
@@ -182,14 +260,16 @@ def test_z_one_is_identity_and_stores_nothing():
     assert torch.equal(out, h) and buf.optimal_bits() == 0.0
 
 
-def test_masked_lanes_are_bit_for_bit_unchanged_in_the_buffer():
-    buf = InformationBuffer(2, 3)
-    h = torch.full((2, 3), 12345, dtype=torch.int32)
-    buf.push_mul(h, torch.full((2, 3), 7), torch.tensor([True, False]))
-    assert buf._curr[1].eq(0).all() and buf._curr[0].ne(0).any()
-    shared = InformationBuffer(2, 3, share_rows=True)  # row 1's columns 3..5 of the folded row go to lanes 3..5
-    shared.push_mul(h, torch.full((2, 3), 7), torch.tensor([True, False]))
-    assert shared._curr[0, 3:].eq(0).all() and shared._curr[0, :3].ne(0).all()
+def test_masked_lanes_are_bit_for_bit_unchanged_in_the_buffer(impl):
+    device = impl[0]
+    buf = _buffer(impl, 2, 3)
+    h = torch.full((2, 3), 12345, dtype=torch.int32, device=device)
+    z, rows = torch.full((2, 3), 7, device=device), torch.tensor([True, False], device=device)
+    buf.push_mul(h, z, rows)
+    assert buf.words.curr[1].eq(0).all() and buf.words.curr[0].ne(0).any()
+    shared = _buffer(impl, 2, 3, share_rows=True)  # row 1's columns 3..5 of the folded row go to lanes 3..5
+    shared.push_mul(h, z, rows)
+    assert shared.words.curr[0, 3:].eq(0).all() and shared.words.curr[0, :3].ne(0).all()
 
 
 def test_accounting():
@@ -210,50 +290,124 @@ def test_accounting():
     assert (words - 1) * 53 <= 3 * steps + 53
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_bad_dtype_shape_device_and_numerators(fused):
-    buf = InformationBuffer(2, 3, max_bits=3, fused=fused)
-    h = torch.zeros(2, 3, dtype=torch.int32)
-    z = torch.full((2, 3), 512)
+def test_bad_dtype_shape_device_and_numerators(impl):
+    device = impl[0]
+    buf = _buffer(impl, 2, 3, max_bits=3)
+    h = torch.zeros(2, 3, dtype=torch.int32, device=device)
+    z = torch.full((2, 3), 512, device=device)
     with pytest.raises(TypeError, match="int32"):
         buf.push_mul(h.long(), z)
     with pytest.raises(TypeError, match="integer"):
         buf.push_mul(h, z.float())
     with pytest.raises(ValueError, match="shape"):
-        buf.push_mul(torch.zeros(3, 3, dtype=torch.int32), torch.full((3, 3), 512))
+        buf.push_mul(torch.zeros(3, 3, dtype=torch.int32, device=device), torch.full((3, 3), 512, device=device))
     with pytest.raises(ValueError, match="shape"):
-        buf.push_mul(torch.zeros(2, 0, dtype=torch.int32), torch.full((2, 0), 512))
+        buf.push_mul(torch.zeros(2, 0, dtype=torch.int32, device=device), torch.full((2, 0), 512, device=device))
     with pytest.raises(ValueError, match="shape of h"):
-        buf.push_mul(h, torch.full((2, 2), 512))
+        buf.push_mul(h, torch.full((2, 2), 512, device=device))
     with pytest.raises(TypeError, match="bool"):
-        buf.push_mul(h, z, torch.ones(2))
+        buf.push_mul(h, z, torch.ones(2, device=device))
     with pytest.raises(ValueError, match="mask"):
-        buf.push_mul(h, z, torch.ones(3, dtype=torch.bool))
+        buf.push_mul(h, z, torch.ones(3, dtype=torch.bool, device=device))
     with pytest.raises(ValueError, match=r"\[128, 1024\]"):
-        buf.push_mul(h, torch.full((2, 3), 127))  # more than the 3 bits this buffer allows
+        buf.push_mul(h, torch.full((2, 3), 127, device=device))  # more than the 3 bits this buffer allows
     with pytest.raises(ValueError, match=r"\[128, 1024\]"):
-        buf.push_mul(h, torch.full((2, 3), 1025))
+        buf.push_mul(h, torch.full((2, 3), 1025, device=device))
     with pytest.raises(ValueError, match=r"\[1, 1024\]"):
-        InformationBuffer(2, 3, fused=fused).push_mul(h, torch.zeros(2, 3, dtype=torch.int64))
-    if torch.cuda.is_available():
-        with pytest.raises(ValueError, match="device"):
-            buf.push_mul(h.cuda(), z.cuda())
+        _buffer(impl, 2, 3).push_mul(h, torch.zeros(2, 3, dtype=torch.int64, device=device))
+    other = "cpu" if device == "cuda" else ("cuda" if HAS_CUDA else "meta")
+    with pytest.raises(ValueError, match="buffer is on"):
+        buf.push_mul(h.to(other), z.to(other))
+    ones = torch.ones(2, dtype=torch.bool, device=device)
+    with pytest.raises(ValueError, match="float"):
+        buf.push_update(h, z, z.float(), ones)
+    with pytest.raises(ValueError, match="stored"):
+        buf.push_update(h, z.float(), z.float(), ones, stored=4)
     assert buf.pushes == 0  # nothing was half-done by the rejected calls
     # padding lanes may carry any z: they are not multiplied
-    buf.push_mul(h, torch.zeros(2, 3, dtype=torch.int64), torch.tensor([False, False]))
+    buf.push_mul(h, torch.zeros(2, 3, dtype=torch.int64, device=device), torch.tensor([False, False], device=device))
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_pop_errors(fused):
-    buf = InformationBuffer(2, 4, fused=fused)
-    h = torch.zeros(2, 4, dtype=torch.int32)
+def test_pop_errors(impl):
+    device = impl[0]
+    buf = _buffer(impl, 2, 4)
+    h = torch.zeros(2, 4, dtype=torch.int32, device=device)
     with pytest.raises(BufferError, match="empty"):
-        buf.pop_div(h, torch.full((2, 4), 512))
-    buf.push_mul(h, torch.full((2, 4), 512))
+        buf.pop_div(h, torch.full((2, 4), 512, device=device))
+    buf.push_mul(h, torch.full((2, 4), 512, device=device))
     with pytest.raises(BufferError, match="mirror"):
-        buf.pop_div(h[:, :3], torch.full((2, 3), 512))
+        buf.pop_div(h[:, :3], torch.full((2, 3), 512, device=device))
     with pytest.raises(BufferError, match="outside int32"):  # not the output of the push: decodes out of range
-        buf.pop_div(torch.full((2, 4), 2 ** 31 - 1, dtype=torch.int32), torch.full((2, 4), 1))
+        buf.pop_div(torch.full((2, 4), 2 ** 31 - 1, dtype=torch.int32, device=device),
+                    torch.full((2, 4), 1, device=device))
+
+
+def test_deferred_checks_raise_at_the_next_check(impl):
+    # What CUDA does by default: bad input is recorded on the device, and raised by check(),
+    # by the next read of the stack height, or by is_empty(); never silently dropped.
+    device = impl[0]
+    h = torch.zeros(2, 3, dtype=torch.int32, device=device)
+    ones = torch.ones(2, dtype=torch.bool, device=device)
+    cases = [
+        (lambda buf: buf.push_mul(h, torch.full((2, 3), 5, device=device)), ValueError, r"\[128, 1024\]"),
+        (lambda buf: buf.push_update(h, torch.ones(2, 3, device=device), torch.full((2, 3), 300.0, device=device),
+                                     ones), FixedPointOverflowError, "to_fixed"),
+        (lambda buf: buf.push_update(h + (2 ** 31 - 2), torch.ones(2, 3, device=device),
+                                     torch.ones(2, 3, device=device), ones), FixedPointOverflowError, "state update"),
+    ]
+    for call, error, message in cases:
+        buf = _buffer(impl, 2, 3, max_bits=3, eager_checks=False)
+        call(buf)  # nothing raised yet
+        with pytest.raises(error, match=message):
+            buf.check()
+        buf.check()  # reported once
+
+
+@pytest.mark.parametrize("share_rows", [False, True])
+def test_push_update_is_quantize_round_push_and_add_in_one_call(impl, share_rows):
+    device = impl[0]
+    gen = torch.Generator().manual_seed(4)
+    batch, width, stored = 5, 23, 4
+    buf = _buffer(impl, batch, 6, max_bits=3, share_rows=share_rows)
+    reference = InformationBuffer(batch, 6, max_bits=3, backend="torch", share_rows=share_rows)
+    h = _random_state(gen, batch, width, "cpu") >> 4
+    history = []
+    for _ in range(_steps(impl, 40)):
+        z, u = torch.rand(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
+        mask = torch.rand(batch, generator=gen) < 0.8
+        zq, ui = quantize_forget(z, 3), to_fixed(u) * mask[:, None]
+        lossy = torch.where(mask[:, None], (h[:, :stored].long() >> 10) * zq[:, :stored], h[:, :stored].long())
+        want = checked_add(torch.cat([lossy.int(), reference.push_mul(h[:, stored:], zq[:, stored:], mask)], 1), ui)
+        got = buf.push_update(h.to(device), z.to(device), u.to(device), mask.to(device), stored)
+        assert torch.equal(got.cpu(), want)
+        history.append((h, z, u, mask))
+        h = want
+    assert buf.optimal_bits() == pytest.approx(reference.optimal_bits(), rel=1e-12)
+    for before, z, u, mask in reversed(history):
+        back = buf.pop_update(h.to(device), z.to(device), u.to(device), mask.to(device), stored).cpu()
+        assert torch.equal(back[:, stored:], before[:, stored:])  # the stored columns are the caller's to restore
+        h = torch.cat([before[:, :stored], back[:, stored:]], 1)
+    assert buf.is_empty()
+
+    with pytest.raises(FixedPointOverflowError, match="to_fixed"):
+        buf.push_update(h.to(device), torch.ones(batch, width, device=device),
+                        torch.full((batch, width), 300.0, device=device), torch.ones(batch, dtype=torch.bool, device=device))
+
+
+def test_backend_choice_is_checked():
+    assert backends.resolve("auto", "cpu") == "numba"
+    assert backends.resolve("auto", "cuda") == ("triton" if HAS_TRITON else "torch")
+    assert backends.resolve("torch", "cuda") == "torch"
+    with pytest.raises(ValueError, match="unknown buffer backend"):
+        InformationBuffer(2, 3, backend="cuda")
+    with pytest.raises(ValueError, match="CPU only"):
+        backends.resolve("numba", "cuda")
+
+
+def test_triton_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET|triton package"):
+        backends.resolve("triton", "cpu")
 
 
 def test_bad_construction():
@@ -261,35 +415,3 @@ def test_bad_construction():
         InformationBuffer(0, 3)
     with pytest.raises(ValueError):
         InformationBuffer(2, 3, max_bits=4.5)
-
-
-@pytest.mark.parametrize("share_rows", [False, True])
-def test_push_update_is_quantize_round_push_and_add_in_one_call(share_rows):
-    from buffers import FixedPointOverflowError, checked_add, quantize_forget, to_fixed
-
-    gen = torch.Generator().manual_seed(4)
-    batch, width, stored = 5, 23, 4
-    fused, tensor = (InformationBuffer(batch, 6, max_bits=3, fused=f, share_rows=share_rows) for f in (True, False))
-    h = _random_state(gen, batch, width, "cpu") >> 4
-    history = []
-    for _ in range(40):
-        z, u = torch.rand(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
-        mask = torch.rand(batch, generator=gen) < 0.8
-        zq, ui = quantize_forget(z, 3), to_fixed(u) * mask[:, None]
-        lossy = torch.where(mask[:, None], (h[:, :stored].long() >> 10) * zq[:, :stored], h[:, :stored].long())
-        want = checked_add(torch.cat([lossy.int(), tensor.push_mul(h[:, stored:], zq[:, stored:], mask)], 1), ui)
-        got = fused.push_update(h, z, u, mask, stored)
-        assert torch.equal(got, want)
-        history.append((h, z, u, mask))
-        h = got
-    assert fused.optimal_bits() == pytest.approx(tensor.optimal_bits(), rel=1e-12)
-    for before, z, u, mask in reversed(history):
-        back = fused.pop_update(h, z, u, mask, stored)
-        assert torch.equal(back[:, stored:], before[:, stored:])  # the stored columns are the caller's to restore
-        h = torch.cat([before[:, :stored], back[:, stored:]], 1)
-    assert fused.is_empty()
-
-    with pytest.raises(FixedPointOverflowError, match="to_fixed"):
-        fused.push_update(h, torch.ones(batch, width), torch.full((batch, width), 300.0), torch.ones(batch, dtype=torch.bool))
-    with pytest.raises(BufferError, match="compiled"):
-        tensor.push_update(h, torch.ones(batch, width), torch.zeros(batch, width), torch.ones(batch, dtype=torch.bool))

@@ -42,7 +42,7 @@ def test_checked_add_detects_wraparound():
     with pytest.raises(buffers.FixedPointOverflowError):
         buffers.checked_add(big, torch.tensor([10], dtype=torch.int32))
     with pytest.raises(buffers.FixedPointOverflowError):
-        buffers.checked_sub(-big - 1, torch.tensor([10], dtype=torch.int32))
+        buffers.checked_add(-big - 1, torch.tensor([-10], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("bits,m,zmin", [(1, 0.5, 512), (2, 0.75, 256), (3, 0.875, 128), (5, 0.96875, 32), (None, 1.0, 1)])

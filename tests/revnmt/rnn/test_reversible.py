@@ -1,13 +1,13 @@
 import contextlib
-import functools
 import warnings
 
 import pytest
 import torch
+from conftest import FAST_BACKENDS, HAS_CUDA, HAS_TRITON, INTERPRETED_TRITON
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from buffers import FixedPointOverflowError, InformationBuffer
-from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput, reversible
+from buffers import FixedPointOverflowError
+from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput
 
 IN, HID, SLICE = 6, 10, 3
 
@@ -16,9 +16,10 @@ def _mask(steps, lengths, device="cpu"):
     return torch.arange(steps, device=device)[:, None] < torch.tensor(lengths, device=device)[None]
 
 
-def _problem(cell, layers, steps, seed=0, dropout=0.0, device="cpu"):
+def _problem(cell, layers, steps, seed=0, dropout=0.0, device="cpu", **buffer_options):
     torch.manual_seed(seed)
-    rnn = ReversibleRNN(cell, IN, HID, num_layers=layers, dropout=dropout, slice_dim=SLICE, buffer_lanes=2).to(device)
+    rnn = ReversibleRNN(cell, IN, HID, num_layers=layers, dropout=dropout, slice_dim=SLICE, buffer_lanes=2,
+                        **buffer_options).to(device)
     batch = 4
     lengths = [steps, max(1, steps - 3), max(1, steps // 2), 1]  # padding in every row but the first
     mask = _mask(steps, lengths, device)
@@ -140,7 +141,7 @@ def test_corrupted_buffer_raises():
     rnn, x, mask, *_ = _problem("revlstm", 1, 20)
     inputs = TensorInput(x)
     tape = rnn.forward_sweep(inputs, mask)
-    tape.buffer._curr[0, 0] += 1
+    tape.buffer.words.curr[0, 0] += 1
     with pytest.raises(ReversalError):
         rnn.backward_sweep(tape, inputs)
 
@@ -159,6 +160,7 @@ def test_state_leaving_fixed_point_range_raises():
     (dict(dropout=1.0), "dropout"),
     (dict(max_forget_bits=0), "max forgotten bits"),
     (dict(buffer_lanes=0), "buffer_lanes"),
+    (dict(buffer_backend="cudnn"), "unknown buffer backend"),
 ])
 def test_bad_options(kwargs, match):
     args = dict(cell="revgru", input_size=4, hidden_size=10) | kwargs
@@ -169,6 +171,7 @@ def test_bad_options(kwargs, match):
 def test_lanes_default_to_few_on_cpu_and_evenly_loaded():
     rnn = ReversibleRNN("revgru", 4, 300)
     assert rnn.lanes_on(torch.device("cpu")) == 3 and rnn.lanes_on(torch.device("cuda")) == 16
+    assert ReversibleRNN("revgru", 4, 300, buffer_backend="torch").lanes_on(torch.device("cpu")) == 16
     assert rnn.new_buffer(2, torch.device("cpu")).units == 3
     # 150 columns asked onto 16 lanes: 10 chunks, so 15 lanes, each taking one column per chunk
     assert ReversibleRNN("revgru", 4, 300, buffer_lanes=16).new_buffer(2, torch.device("cpu")).units == 15
@@ -187,25 +190,26 @@ def test_stored_slice_columns_skip_the_buffer():
     assert 0 < bits[0] < bits[1]
 
 
+# The backends the CPU can run: Triton in its interpreter where there is no GPU.
+_CPU_BACKENDS = ["numba", "torch"] + (["triton"] if HAS_TRITON and not HAS_CUDA else [])
+
+
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_compiled_and_tensor_buffers_reverse_identically(cell, monkeypatch):
-    # On CPU the buffer runs whole updates as compiled loops; CUDA runs tensor ops. Both must give
-    # the same states, slices and gradients bit for bit.
-    import functools
-
-    from buffers import InformationBuffer
-    from revnmt.rnn import reversible
-
-    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 23)
+def test_every_backend_reverses_identically(cell):
+    # A full sweep forward and back (two layers, padding, a stored slice) through each backend: the
+    # same states, slices and gradients bit for bit, since they compute the same integers from the
+    # same gate values.
     runs = []
-    for fused in (True, False):
-        monkeypatch.setattr(reversible, "InformationBuffer", functools.partial(InformationBuffer, fused=fused))
+    for backend in _CPU_BACKENDS:
+        rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 6, buffer_backend=backend)
         grads, x_grad, init_grads, tape = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
-        runs.append((grads, x_grad, init_grads, tape.slices))
-    (grads, x_grad, init, slices), (grads2, x_grad2, init2, slices2) = runs
-    assert torch.equal(slices, slices2) and torch.equal(x_grad, x_grad2)
-    assert all(torch.equal(a, b) for a, b in zip(init, init2))
-    assert all(torch.equal(grads[name], grads2[name]) for name in grads)
+        runs.append((grads, x_grad, init_grads, tape.slices, tape.buffer.optimal_bits()))
+    grads, x_grad, init, slices, bits = runs[0]
+    for grads2, x_grad2, init2, slices2, bits2 in runs[1:]:
+        assert torch.equal(slices, slices2) and torch.equal(x_grad, x_grad2)
+        assert all(torch.equal(a, b) for a, b in zip(init, init2))
+        assert all(torch.equal(grads[name], grads2[name]) for name in grads)
+        assert bits == pytest.approx(bits2, rel=1e-12)
 
 
 class _HostReads(TorchDispatchMode):
@@ -224,10 +228,10 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _sweep_host_reads(cell, steps, device, watch=contextlib.nullcontext):
+def _sweep_host_reads(cell, steps, device, watch=contextlib.nullcontext, **buffer_options):
     """Host reads of a forward and of a backward sweep (each run inside ``watch()``), and the buffer's
     stack-sizing syncs."""
-    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 1, steps, device=device)
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 1, steps, device=device, **buffer_options)
     inputs = TensorInput(x)
     with watch(), _HostReads() as forward:
         tape = rnn.forward_sweep(inputs, mask)
@@ -237,15 +241,18 @@ def _sweep_host_reads(cell, steps, device, watch=contextlib.nullcontext):
 
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_no_host_sync_per_time_step(cell, device, monkeypatch):
-    # What CUDA runs (the buffer's tensor ops, bad input kept on the device), counted on any device:
-    # a sweep reads the host once at its end (the overflow guard; the backward's exactness check),
-    # and the buffer when its stack may be full, which grows with log T, not T.
-    monkeypatch.setattr(reversible, "InformationBuffer",
-                        functools.partial(InformationBuffer, fused=False, eager_checks=False))
-    (fwd, bwd, syncs), (fwd_long, bwd_long, syncs_long) = (_sweep_host_reads(cell, t, device) for t in (16, 128))
+@pytest.mark.parametrize("impl", FAST_BACKENDS + [INTERPRETED_TRITON])
+def test_no_host_sync_per_time_step(cell, impl):
+    # As CUDA runs (bad input kept on the device), counted on any device and backend: a sweep reads
+    # the host once at its end (the error flag; the backward's exactness check), and the buffer
+    # when its stack may be full, which grows with log T, not T.
+    device, backend = impl
+    short, long = (6, 24) if impl == ("cpu", "triton") else (16, 128)  # the interpreter is slow
+    (fwd, bwd, syncs), (fwd_long, bwd_long, syncs_long) = (
+        _sweep_host_reads(cell, t, torch.device(device), buffer_backend=backend, eager_checks=False)
+        for t in (short, long))
     assert bwd == bwd_long <= 8
-    assert fwd - 2 * syncs == fwd_long - 2 * syncs_long == 1  # a sizing sync reads the top and the input flag
+    assert fwd - 2 * syncs == fwd_long - 2 * syncs_long == 1  # a sizing sync reads the top and the error flag
     assert syncs_long - syncs < 15  # 112 more steps, each pushing 2 (GRU) or 4 (LSTM) groups
 
 

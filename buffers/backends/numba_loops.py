@@ -1,11 +1,11 @@
-"""Fused CPU loops for :class:`~buffers.buffer.InformationBuffer`: one call per pushed or popped group.
+"""The numba backend: the buffer's arithmetic as compiled CPU loops, one call per update.
 
 The tensor implementation of a push costs about twenty small torch ops per chunk of lanes, and a
 300-unit RNN folded onto 16 lanes pushes ten chunks per half-step: on a CPU the time goes into op
 dispatch, not arithmetic. These loops do the same integer arithmetic (Algorithm 1, floor
 semantics, see :mod:`buffers.multiply`) and the same bookkeeping (overflow slab pushes, flags) on
-the buffer's own arrays, compiled by numba. Their results are bit-identical to the tensor path,
-which CUDA uses and the tests compare against.
+the buffer's own arrays, compiled by numba. Their results are bit-identical to the torch backend,
+which the tests compare them against.
 
 Algorithm 1 needs floor division and a non-negative remainder for positive divisors; ``>>`` on int64
 is arithmetic. The divisions go through :func:`_divmod` rather than ``//`` and ``%``: a 64-bit
@@ -15,13 +15,14 @@ integer division costs tens of cycles, and a pop spent most of its time in it.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit
 
-from .fixed import FORGET_ONE, FORGET_RADIX, HIDDEN_RADIX, INT32_MAX, INT32_MIN
+from ..fixed import FORGET_ONE, FORGET_RADIX, HIDDEN_RADIX, INT32_MAX, INT32_MIN
+from ..words import OK, OUT_OF_RANGE, STATE_OVERFLOW, TERM_OVERFLOW, WORD_LIMIT, WordStack
+from . import BufferBackend
 
 _LOW_MASK = (1 << FORGET_RADIX) - 1
-
-OK, BAD_NUMERATOR, OUT_OF_RANGE = 0, 1, 2
 
 # Bits destroyed by a numerator z*, R − log2 z*, looked up: a log2 per lane would cost more than the
 # arithmetic itself. numba freezes a global array into the compiled code.
@@ -52,30 +53,17 @@ def _divmod(a: np.int64, z: np.int64) -> tuple[np.int64, np.int64]:
 
 
 @njit(cache=True, nogil=True)
-def _bad_numerators(z: np.ndarray, active: np.ndarray, min_numerator: int) -> bool:
-    rows, width = z.shape
-    for b in range(rows):
-        for j in range(width):
-            if active[b, j] and (z[b, j] < min_numerator or z[b, j] > FORGET_ONE):
-                return True
-    return False
-
-
-@njit(cache=True, nogil=True)
 def push_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarray, stack: np.ndarray,
-               top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int, min_numerator: int,
-               out: np.ndarray) -> tuple[int, float]:
+               top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int, out: np.ndarray) -> float:
     """Push the columns of ``h`` [B, W] chunk by chunk onto the lanes ``curr`` [B, L], writing
-    h·z/2^R into ``out``. Returns (status, bits destroyed over active lanes)."""
-    if _bad_numerators(z, active, min_numerator):
-        return BAD_NUMERATOR, 0.0
+    h·z/2^R into ``out`` (numerators ``z`` already checked). Returns the bits destroyed over active lanes."""
     rows, width = h.shape
     lanes = curr.shape[1]
     lost = 0.0
     for c in range((width + lanes - 1) // lanes):
         start = c * lanes
         chunk = min(lanes, width - start)
-        # All lanes grow together when any active lane's live word could overflow (see buffer.py).
+        # All lanes grow together when any active lane's live word could overflow (see words.py).
         overflow = False
         for b in range(rows):
             for k in range(chunk):
@@ -101,15 +89,14 @@ def push_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarra
                     lost += _LOST_BITS[zj]
                 else:
                     out[b, j] = hv
-    return OK, lost
+    return lost
 
 
 @njit(cache=True, nogil=True)
 def pop_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarray, stack: np.ndarray,
-              top: np.ndarray, flags: np.ndarray, first_flag: int, min_numerator: int, out: np.ndarray) -> int:
-    """The exact inverse of :func:`push_group` with the same arguments (chunks in reverse order)."""
-    if _bad_numerators(z, active, min_numerator):
-        return BAD_NUMERATOR
+              top: np.ndarray, flags: np.ndarray, first_flag: int, out: np.ndarray) -> int:
+    """The exact inverse of :func:`push_group` with the same arguments (chunks in reverse order);
+    returns OUT_OF_RANGE if a value decoded outside int32 (h was not what the push returned)."""
     rows, width = h.shape
     lanes = curr.shape[1]
     status = OK
@@ -139,7 +126,6 @@ def pop_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarray
 
 # ---------------------------------------------------------------------------- whole updates h ← z·h + u
 
-TERM_OVERFLOW, STATE_OVERFLOW = 3, 4
 _HIDDEN_SCALE = float(1 << HIDDEN_RADIX)
 
 
@@ -198,9 +184,9 @@ def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarr
         lane_rows = curr.shape[0]
         folded = _buffered(h, stored, lane_rows)
         pushed = np.empty_like(folded)
-        _, lost = push_group(folded, _buffered(zq, stored, lane_rows),
-                             _rows_active(rows_mask, width - stored).reshape(lane_rows, -1), curr, stack, top,
-                             flags, first_flag, word_limit, min_numerator, pushed)
+        lost = push_group(folded, _buffered(zq, stored, lane_rows),
+                          _rows_active(rows_mask, width - stored).reshape(lane_rows, -1), curr, stack, top,
+                          flags, first_flag, word_limit, pushed)
         out[:, stored:] = pushed.reshape(rows, width - stored)
     for b in range(rows):
         for j in range(width):
@@ -237,8 +223,50 @@ def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarra
         popped_h = np.empty_like(folded)
         popped = pop_group(folded, _buffered(zq, stored, lane_rows),
                            _rows_active(rows_mask, width - stored).reshape(lane_rows, -1), curr, stack, top,
-                           flags, first_flag, min_numerator, popped_h)
+                           flags, first_flag, popped_h)
         out[:, stored:] = popped_h.reshape(rows, width - stored)
-        if popped != OK:
-            status = popped
+        status = max(status, popped)
     return status
+
+
+# ---------------------------------------------------------------------------- the backend
+
+
+class NumbaBackend(BufferBackend):
+    """Runs each call as one compiled loop over the words' numpy views (CPU tensors only)."""
+
+    name = "numba"
+
+    def push_mul(self, words, h, zl, active, first_flag):
+        out = torch.empty_like(h)
+        lost = push_group(h.numpy(), zl.numpy(), _active_array(h, active), *_words(words), first_flag, WORD_LIMIT,
+                          out.numpy())
+        return out, lost
+
+    def pop_div(self, words, h, zl, active, first_flag):
+        out = torch.empty_like(h)
+        words.record_code(pop_group(h.numpy(), zl.numpy(), _active_array(h, active), *_words(words), first_flag,
+                                    out.numpy()))
+        return out
+
+    def push_update(self, words, h, z, u, mask, stored, first_flag):
+        out = torch.empty_like(h)
+        status, lost = push_update(h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored,
+                                   *_words(words), first_flag, WORD_LIMIT, words.min_numerator, out.numpy())
+        words.record_code(status)
+        return out, lost
+
+    def pop_update(self, words, h, z, u, mask, stored, first_flag):
+        out = torch.empty_like(h)
+        words.record_code(pop_update(h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored,
+                                     *_words(words), first_flag, words.min_numerator, out.numpy()))
+        return out
+
+
+def _words(words: WordStack) -> tuple[np.ndarray, ...]:
+    """The arrays the loops update in place: live words, stack, height, flags."""
+    return words.curr.numpy(), words.stack.numpy(), words.top.numpy(), words.flags.numpy()
+
+
+def _active_array(h: torch.Tensor, active: torch.Tensor | None) -> np.ndarray:
+    return (torch.ones((), dtype=torch.bool) if active is None else active).expand_as(h).numpy()

@@ -1,9 +1,10 @@
-"""The compiled loops' own arithmetic; their agreement with the tensor path is in test_buffer.py."""
+"""The compiled loops' own arithmetic; their agreement with the other backends is in test_buffer.py."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers import FORGET_ONE, WORD_LIMIT, cpu_kernels
+from buffers import FORGET_ONE, WORD_LIMIT
+from buffers.backends import numba_loops
 
 # Dividends as the loops see them: int32 states (pop) and live words below WORD_LIMIT (push).
 _DIVIDENDS = st.one_of(st.integers(-(1 << 31), (1 << 31) - 1), st.integers(0, WORD_LIMIT - 1),
@@ -14,4 +15,4 @@ _NUMERATORS = st.one_of(st.integers(1, FORGET_ONE), st.sampled_from([1, 2, 3, 12
 @settings(max_examples=2000, deadline=None)
 @given(_DIVIDENDS, _NUMERATORS)
 def test_divmod_is_floor_division(a, z):
-    assert cpu_kernels._divmod(a, z) == divmod(a, z)
+    assert numba_loops._divmod(a, z) == divmod(a, z)
