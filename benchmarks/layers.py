@@ -182,7 +182,8 @@ def main() -> None:
                       f"{case['ordinary_ms']:12.1f} {case['ratio']:6.2f} {case['backend']}")
                 if "breakdown_ms" in case:
                     b = case["breakdown_ms"]
-                    print(f"{'':19s}under cProfile {b['profiled_step']:.1f} ms: matrix products {b['matrix_products']:.1f}, "
+                    print(f"{'':19s}under cProfile {b['profiled_step']:.1f} ms: "
+                          f"matrix products {b['matrix_products']:.1f}, "
                           f"buffer loops {b['buffer_loops']:.1f}, other {b['other']:.1f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

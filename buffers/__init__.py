@@ -32,7 +32,8 @@ from .fixed import (
 from .multiply import div_exact, mul_exact
 
 __all__ = [
-    "BACKENDS", "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "HIDDEN_RADIX", "InformationBuffer",
+    "BACKENDS", "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "HIDDEN_RADIX",
+    "InformationBuffer",
     "MAX_FORGET_CHOICES", "OverflowGuard", "WORD_LIMIT", "checked_add", "div_exact",
     "forget_multiplier", "lossy_update", "min_forget_numerator", "mul_exact", "quantize_forget", "restrict_forget",
     "straight_through", "to_fixed", "to_float",

@@ -86,6 +86,10 @@ def to_fixed(x: torch.Tensor, radix: int = HIDDEN_RADIX, guard: OverflowGuard | 
 
 def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The real value of an integer fixed-point tensor, as ``dtype``."""
+    if dtype == torch.get_default_dtype():
+        # One op instead of two (on CUDA, one kernel launch): an integer tensor times a Python float
+        # converts to the default dtype as .to() does, and the power-of-two factor is exact.
+        return h * (2.0 ** -radix)
     return h.to(dtype) * (2.0 ** -radix)
 
 

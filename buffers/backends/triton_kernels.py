@@ -240,8 +240,8 @@ def _push_op(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tens
              lost: torch.Tensor, lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int,
              gates: bool) -> None:
     _push_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
-                       status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1], first_flag,
-                       min_numerator, GATES=gates, **launch_options(curr.numel()))
+                       status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1],
+                       first_flag, min_numerator, GATES=gates, **launch_options(curr.numel()))
 
 
 @torch.library.custom_op("revnmt_buffers::triton_pop", mutates_args=("out", "curr", "stack", "top", "flags",

@@ -187,7 +187,8 @@ class RevCell(nn.Module):
 
     @torch.no_grad()
     def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
-                     mask: torch.Tensor, restore: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     mask: torch.Tensor, restore: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
         ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,

@@ -22,7 +22,9 @@ graphs kept): the reference that reversal's gradients are tested against.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -51,6 +53,24 @@ PROJECTION_STEPS = 2
 #: each a few kernel launches, and the Triton kernel over the same chunks inside one program, so there
 #: more lanes are faster.
 DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
+
+
+@contextlib.contextmanager
+def exact_float32(device: torch.device) -> Iterator[None]:
+    """Full float32 products and no autocast while a sweep runs.
+
+    The reverse sweep decodes the buffer with gates it recomputes, so every gate must come out of
+    the same arithmetic as in the forward sweep, bit for bit; and the gradients are those of the
+    float32 model. A caller's autocast or TF32 setting (``torch.set_float32_matmul_precision``)
+    could differ between the two sweeps or round the gates: both are switched off here and restored after.
+    """
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 class ReversalError(RuntimeError):
@@ -292,6 +312,10 @@ class ReversibleRNN(nn.Module):
         and feed the lowest bits of every product, so a sentence would translate slightly differently
         with other batch mates.
         """
+        with exact_float32(mask.device):
+            return self._forward_steps(inputs, mask, initial, dropout, reversible)
+
+    def _forward_steps(self, inputs, mask, initial, dropout, reversible) -> Tape:
         steps, batch = mask.shape
         if len(inputs) != steps:
             raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
@@ -335,7 +359,8 @@ class ReversibleRNN(nn.Module):
             raise ValueError("this tape was recorded without a buffer (forward_sweep(reversible=False), for "
                              "inference) and cannot be reversed")
         try:
-            grads = self._reverse_steps(tape, inputs, grad_final, output_grad, slice_grad)
+            with exact_float32(tape.mask.device):
+                grads = self._reverse_steps(tape, inputs, grad_final, output_grad, slice_grad)
         except (BufferError, FixedPointOverflowError) as err:
             # A wrong reconstruction drives the state or the buffer out of range before the end.
             raise ReversalError(f"reversal went off the exact path ({err}); gradients would be wrong") from err
@@ -399,6 +424,10 @@ class ReversibleRNN(nn.Module):
         [T, B, k] float or None, final int states). Values are the exact fixed-point values;
         gradients are the ones reversal computes.
         """
+        with exact_float32(mask.device):
+            return self._autograd_steps(x, mask, initial, dropout, initial_float)
+
+    def _autograd_steps(self, x, mask, initial, dropout, initial_float):
         steps, batch = mask.shape
         device = mask.device
         ints = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from buffers import BACKENDS
+from buffers import BACKENDS, backends
 from revnmt.data import SPECIALS
 from revnmt.memory.sizes import parse_bytes
 from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
@@ -118,7 +118,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
                        help="information-buffer lanes per sentence, shared by the batch (reversible RNNs; default: "
-                       f"{DEFAULT_LANES['numba']} with the numba backend, {DEFAULT_LANES['triton']} with triton or torch)")
+                       f"{DEFAULT_LANES['numba']} with the numba backend, {DEFAULT_LANES['triton']} with triton or "
+                       "torch)")
     model.add_argument("--buffer-backend", choices=BACKENDS, default=defaults.buffer_backend,
                        help="where the information buffer's arithmetic runs (reversible RNNs): compiled CPU loops "
                        "(numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, any device; "
@@ -217,6 +218,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--device {args.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu)")
+    if args.rnn.startswith("rev"):
+        try:
+            backends.resolve(args.buffer_backend, args.device)
+        except ValueError as error:
+            parser.error(f"--buffer-backend: {error}")
     if args.devices is not None:
         if not args.hogwild:
             parser.error("--devices chooses the GPUs of --hogwild workers: give --hogwild N too")

@@ -391,7 +391,8 @@ def test_push_update_is_quantize_round_push_and_add_in_one_call(impl, share_rows
 
     with pytest.raises(FixedPointOverflowError, match="to_fixed"):
         buf.push_update(h.to(device), torch.ones(batch, width, device=device),
-                        torch.full((batch, width), 300.0, device=device), torch.ones(batch, dtype=torch.bool, device=device))
+                        torch.full((batch, width), 300.0, device=device),
+                        torch.ones(batch, dtype=torch.bool, device=device))
 
 
 def test_backend_choice_is_checked():

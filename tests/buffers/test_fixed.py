@@ -78,3 +78,10 @@ def test_straight_through_value_and_gradient():
     assert torch.equal(y.detach(), exact)
     y.sum().backward()
     assert torch.equal(x.grad, torch.tensor([2.0, 2.0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_to_float_is_the_conversion_then_the_exact_scaling(dtype):
+    h = torch.tensor([-(2 ** 31), -(2 ** 24) - 1, -3, 0, 5, 2 ** 24 + 1, 2 ** 31 - 1], dtype=torch.int32)
+    assert torch.equal(buffers.to_float(h, dtype=dtype), h.to(dtype) * 2.0 ** -23)
+    assert buffers.to_float(h, dtype=dtype).dtype == dtype

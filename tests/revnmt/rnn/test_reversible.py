@@ -275,3 +275,19 @@ def test_cuda_sync_debug_mode_agrees_with_the_host_read_count():
 
     fwd, bwd, _ = _sweep_host_reads("revlstm", 100, torch.device("cuda"), sync_warnings)
     assert len(caught) == fwd + bwd
+
+
+def test_sweeps_run_without_autocast_and_tf32_whatever_the_caller_set():
+    # A caller's mixed precision would round the gates differently in the two sweeps (or only in one):
+    # the sweeps switch both off, and leave the caller's setting as it was.
+    rnn, x, mask, w_out, w_fin, w_slice = _problem("revgru", 1, 8)
+    want, want_x, _, _ = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, got_x, _, _ = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert torch.equal(got_x, want_x) and all(torch.equal(got[name], want[name]) for name in want)

@@ -21,6 +21,8 @@ REQUIRED = ["--save-dir", "runs/x"]
     (["--clip", "-1"], "--clip must be >= 0"),
     (["--lr", "1e-6"], "--lr 1e-06 is below --min-lr 1e-05"),
     (["--device", "gpu0"], "is not a torch device"),
+    (["--buffer-backend", "cudnn"], "invalid choice: 'cudnn'"),
+    (["--buffer-backend", "numba", "--device", "meta"], "--buffer-backend: the numba buffer backend runs on CPU only"),
 ])
 def test_bad_options_are_usage_errors(options, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
