@@ -45,7 +45,7 @@ class InformationBuffer:
         if batch < 1 or units < 1:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.backend = backends.create(backend, self.device)
+        self.backend = backends.create(backend, self.device, batch * units)
         self.batch, self.units, self.share_rows, self.max_bits = batch, units, share_rows, max_bits
         eager = self.device.type == "cpu" if eager_checks is None else eager_checks
         self.words = WordStack(batch, units, self.device, max_bits, share_rows, eager)

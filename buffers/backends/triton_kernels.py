@@ -64,25 +64,46 @@ def _rint(x):
 
 
 @triton.jit
-def _terms(z_ptr, u_ptr, z_off, u_off, valid, live, min_numerator, GATES: tl.constexpr):
-    """The update's numerators z* and fixed-point additive terms at the given offsets, and where a term left int32.
+def _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs,
+                 min_numerator, GATES: tl.constexpr):
+    """Row b, column col of an update: (live row, z*, fixed-point u, where u left int32, h as int64).
 
     With GATES, z and u are floats: z* = round(z·2^R_Z) clamped to [min_numerator, 2^R_Z] and
     u = round(u·2^23), 0 on padded rows (as buffers.fixed.quantize_forget and to_fixed). Without,
     z holds numerators the caller checked and there is no additive term.
     """
+    live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
+    hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
     if GATES:
-        q = _rint(tl.load(z_ptr + z_off, mask=valid, other=1.0).to(tl.float64) * FORGET_ONE)
+        q = _rint(tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=1.0).to(tl.float64) * FORGET_ONE)
         q = tl.where(q >= min_numerator, q, min_numerator)  # written so that NaN takes the minimum
         zq = tl.where(q > FORGET_ONE, FORGET_ONE, q).to(tl.int64)
-        v = _rint(tl.load(u_ptr + u_off, mask=valid, other=0.0).to(tl.float64) * HIDDEN_SCALE)
+        v = _rint(tl.load(u_ptr + b * u_rs + col * u_cs, mask=valid, other=0.0).to(tl.float64) * HIDDEN_SCALE)
         bad_term = valid & ~(tl.abs(v + 0.5) <= INT32_MAX + 0.5)  # "not <=" so that NaN counts as out of range
         ui = tl.where(bad_term | ~live, 0.0, v).to(tl.int64)
     else:
-        zq = tl.load(z_ptr + z_off, mask=valid, other=FORGET_ONE).to(tl.int64)
+        zq = tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=FORGET_ONE).to(tl.int64)
         bad_term = tl.zeros_like(valid)
         ui = tl.zeros_like(zq)
-    return zq, ui, bad_term
+    return live, zq, ui, bad_term, hv
+
+
+@triton.jit
+def _outside_int32(value, valid):
+    return valid & ((value < INT32_MIN) | (value > INT32_MAX))
+
+
+@triton.jit
+def _record(status, bad, code):
+    """The error code so far, raised to ``code`` where any of ``bad`` is set (codes: buffers.words)."""
+    return tl.maximum(status, tl.max(tl.where(bad, code, 0), axis=0))
+
+
+@triton.jit
+def _stored_columns(start, batch, stored, ELEMENT_BLOCK: tl.constexpr):
+    """A block of the stored columns, read row after row from element ``start``: (valid, row, column)."""
+    e = start + tl.arange(0, ELEMENT_BLOCK)
+    return e < batch * stored, e // stored, e % stored
 
 
 @triton.jit
@@ -109,19 +130,13 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
     status = 0
     # The stored columns: elementwise, no buffer.
     for start in range(0, batch * stored, ELEMENT_BLOCK):
-        e = start + tl.arange(0, ELEMENT_BLOCK)
-        ok = e < batch * stored
-        b = e // stored
-        col = e % stored
-        live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=ok, other=0) != 0
-        zq, ui, bad_term = _terms(z_ptr, u_ptr, b * z_rs + col * z_cs, b * u_rs + col * u_cs, ok, live,
-                                  min_numerator, GATES)
-        hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=ok, other=0).to(tl.int64)
+        ok, b, col = _stored_columns(start, batch, stored, ELEMENT_BLOCK)
+        live, zq, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
+                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
         value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
-        bad = ok & ((value < INT32_MIN) | (value > INT32_MAX))
+        bad = _outside_int32(value, ok)
         tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=ok)
-        status = tl.maximum(status, tl.max(tl.where(bad_term, TERM_OVERFLOW, 0), axis=0))
-        status = tl.maximum(status, tl.max(tl.where(bad, STATE_OVERFLOW, 0), axis=0))
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
 
     # The buffered columns, chunk after chunk onto the live slab.
     slab = lane_rows * lanes
@@ -134,7 +149,8 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
     lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
     for c in range(0, tl.cdiv(folded_width, lanes)):
         valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
+        live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
+                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
         active = valid & live
         # All lanes grow together when any active lane's live word could overflow (see words.py).
         overflow = tl.max(tl.where(active & (cur >= WORD_LIMIT), 1, 0), axis=0) > 0
@@ -142,19 +158,14 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
         cur = tl.where(overflow, 0, cur)
         top += overflow.to(tl.int64)
         tl.store(flags_ptr + first_flag + c, overflow)
-
-        zq, ui, bad_term = _terms(z_ptr, u_ptr, b * z_rs + col * z_cs, b * u_rs + col * u_cs, valid, live,
-                                  min_numerator, GATES)
-        hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
         # Algorithm 1 (buffers.multiply.mul_exact); b1 ≥ 0 and z* > 0, so // and % are the floor ones.
         b1 = cur * FORGET_ONE + (hv & (FORGET_ONE - 1))
         value = tl.where(active, (hv >> FORGET_RADIX) * zq + b1 % zq, hv) + ui
         cur = tl.where(active, b1 // zq, cur)
-        bad = valid & ((value < INT32_MIN) | (value > INT32_MAX))
+        bad = _outside_int32(value, valid)
         tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=valid)
         lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
-        status = tl.maximum(status, tl.max(tl.where(bad_term, TERM_OVERFLOW, 0), axis=0))
-        status = tl.maximum(status, tl.max(tl.where(bad, STATE_OVERFLOW, 0), axis=0))
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
     tl.store(curr_ptr + lane, cur, mask=lane_ok)
     tl.store(top_ptr, top)
     tl.store(lost_ptr, tl.sum(lost, axis=0))
@@ -169,18 +180,13 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
     """The exact inverse of :func:`_push_kernel`, but for the stored columns, which get h − u."""
     status = 0
     for start in range(0, batch * stored, ELEMENT_BLOCK):
-        e = start + tl.arange(0, ELEMENT_BLOCK)
-        ok = e < batch * stored
-        b = e // stored
-        col = e % stored
-        live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=ok, other=0) != 0
-        zq, ui, bad_term = _terms(z_ptr, u_ptr, b * z_rs + col * z_cs, b * u_rs + col * u_cs, ok, live,
-                                  min_numerator, GATES)
-        before = tl.load(h_ptr + b * h_rs + col * h_cs, mask=ok, other=0).to(tl.int64) - ui
-        bad = ok & ((before < INT32_MIN) | (before > INT32_MAX))
+        ok, b, col = _stored_columns(start, batch, stored, ELEMENT_BLOCK)
+        _, _, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs,
+                                              mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        before = hv - ui
+        bad = _outside_int32(before, ok)
         tl.store(out_ptr + b * width + col, tl.where(bad, 0, before).to(tl.int32), mask=ok)
-        status = tl.maximum(status, tl.max(tl.where(bad_term, TERM_OVERFLOW, 0), axis=0))
-        status = tl.maximum(status, tl.max(tl.where(bad, STATE_OVERFLOW, 0), axis=0))
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
 
     slab = lane_rows * lanes
     lane = tl.arange(0, LANE_BLOCK)
@@ -193,28 +199,25 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
     for back in range(0, chunks):
         c = chunks - 1 - back
         valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
+        live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
+                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
         active = valid & live
-        zq, ui, bad_term = _terms(z_ptr, u_ptr, b * z_rs + col * z_cs, b * u_rs + col * u_cs, valid, live,
-                                  min_numerator, GATES)
-        before = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64) - ui
-        bad = valid & ((before < INT32_MIN) | (before > INT32_MAX))
+        before = hv - ui
+        bad = _outside_int32(before, valid)
         before = tl.where(bad, 0, before)
         # The inverse of Algorithm 1 (buffers.multiply.div_exact); ``before`` may be negative.
         q, r = _floor_divmod(before, zq)
         b1 = cur * zq + r
         value = tl.where(active, q * FORGET_ONE + (b1 & (FORGET_ONE - 1)), before)
         cur = tl.where(active, b1 >> FORGET_RADIX, cur)
-        out_of_range = active & ((value < INT32_MIN) | (value > INT32_MAX))
         tl.store(out_ptr + b * width + col, value.to(tl.int32), mask=valid)
         # Undo this chunk's slab push, if it made one.
         overflow = tl.load(flags_ptr + first_flag + c) != 0
         below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
         cur = tl.where(overflow, below, cur)
         top -= overflow.to(tl.int64)
-        status = tl.maximum(status, tl.max(tl.where(bad_term, TERM_OVERFLOW, 0), axis=0))
-        status = tl.maximum(status, tl.max(tl.where(bad, STATE_OVERFLOW, 0), axis=0))
-        status = tl.maximum(status, tl.max(tl.where(out_of_range, OUT_OF_RANGE, 0), axis=0))
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+        status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
     tl.store(curr_ptr + lane, cur, mask=lane_ok)
     tl.store(top_ptr, top)
     tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
@@ -271,6 +274,12 @@ class TritonBackend(BufferBackend):
     """One kernel launch per update (``push_update``/``pop_update``) or per group (``push_mul``/``pop_div``)."""
 
     name = "triton"
+
+    def __init__(self, lanes: int) -> None:
+        if lanes > tl.TRITON_MAX_TENSOR_NUMEL:
+            raise ValueError(f"the triton buffer backend holds all {lanes} lanes of a buffer (batch x lanes per row) "
+                             f"in one program, at most {tl.TRITON_MAX_TENSOR_NUMEL}: use a smaller batch or fewer "
+                             "--buffer-lanes")
 
     def push_mul(self, words, h, zl, active, first_flag):
         return self._push(words, h, zl, zl, _lanes_mask(h, active), 0, first_flag, gates=False)

@@ -405,6 +405,12 @@ def test_backend_choice_is_checked():
         backends.resolve("numba", "cuda")
 
 
+@pytest.mark.skipif(len(CPU_BACKENDS) < 3, reason="triton is not installed, or CUDA runs the real kernels")
+def test_triton_says_when_a_buffer_is_too_large_for_one_program():
+    with pytest.raises(ValueError, match="one program"):
+        InformationBuffer(2 ** 17, 16, backend="triton")
+
+
 def test_triton_needs_cuda_or_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET|triton package"):
