@@ -19,7 +19,8 @@ import torch
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
 from revnmt.data import BatchSampler, make_batch
-from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, plan_budget
+from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
+from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import format_report, memory_report, ordinary_counterpart
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import Seq2Seq
@@ -42,7 +43,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the report to this file")
     parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE", help="also report the token batch "
-                        "each model fits under this budget (e.g. 2GiB), as train.py --memory-budget chooses it")
+                        "each model fits under this budget of peak memory (e.g. 2GiB; the process's RSS on CPU, "
+                        "the allocator's reserved memory on CUDA), as train.py --memory-budget chooses it")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default="adam",
                         help="optimizer state counted by --memory-budget (default: adam)")
     args = parser.parse_args(argv)
@@ -54,18 +56,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
-    """The token batch the model and its ordinary counterpart each fit under ``--memory-budget``."""
-    fits, measured_by = {}, ""
+    """The token batch the model and its ordinary counterpart each fit under ``--memory-budget``, as
+    train.py plans it, and the measured peak of one step on the costliest batch of each plan."""
+    device = torch.device(args.device)
+    report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
     for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
-        candidate = model if name == "reversible" else Seq2Seq(cfg).to(args.device)
-        plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths,
-                           torch.device(args.device))
-        fits[name], measured_by = plan.batch_tokens, plan.measured_by
-    return {"bytes": args.memory_budget, "batch_tokens": fits, "measured_by": measured_by}
+        candidate = model if name == "reversible" else Seq2Seq(cfg).to(device)
+        plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths, device)
+        report["batch_tokens"][name] = plan.batch_tokens
+        report["costliest_batch"][name] = {"sentences": plan.worst_batch[0], "length": plan.worst_batch[1]}
+        report["measured_peak"][name] = measure_planned_step(candidate, plan, device)
+        report["measured_by"] = f"peak {plan.measured_by}"
+        del candidate
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.memory_budget is not None:
+        track_freed_memory()  # as train.py --memory-budget runs
     logging.basicConfig(level=logging.INFO, format="revnmt.memory: %(message)s", stream=sys.stderr)
     torch.manual_seed(args.seed)
     try:
@@ -99,10 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BudgetError as error:
             print(f"python -m revnmt.memory: error: {error}", file=sys.stderr)
             return 2
-        fits = report["budget"]["batch_tokens"]
-        print(f"tokens per batch under a {format_bytes(args.memory_budget)} budget ({args.optimizer}, "
-              f"{report['budget']['measured_by']}): reversible {fits['reversible']:,}, ordinary "
-              f"{fits['ordinary']:,} ({fits['reversible'] / fits['ordinary']:.1f}x)")
+        budget = report["budget"]
+        fits, peaks = budget["batch_tokens"], budget["measured_peak"]
+        print(f"tokens per batch under a {format_bytes(args.memory_budget)} budget of {budget['measured_by']} "
+              f"({args.optimizer}): reversible {fits['reversible']:,}, ordinary {fits['ordinary']:,} "
+              f"({fits['reversible'] / fits['ordinary']:.1f}x); one step on each plan's costliest batch peaked at "
+              f"{format_bytes(peaks['reversible'])} and {format_bytes(peaks['ordinary'])}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -36,14 +36,9 @@ from buffers import BufferError, FixedPointOverflowError, InformationBuffer, Ove
 from .cells import REV_CELLS, RevCell
 
 
-#: Layer 0's input projections are computed this many steps per matrix product (see InputProjection).
-#: Measured (RevGRU, 300 units, batch 64, T = 50, one core): 1 step 369 ms, 4 steps 303 ms, 16 steps 292 ms
-#: per training step. A chunk is held memory, steps x batch x gate columns floats, a cost per sentence
-#: that short sentences feel most: under a 2 GiB budget on Multi30K (python -m revnmt.memory
-#: --checkpoint runs/quickstart --memory-budget 2GiB) 4 steps fit 284,114 tokens per batch (4.6x the
-#: GRU's) and 2 steps 319,599 (5.2x), for a backward sweep ~8% slower (T = 50: 199-204 ms against 178-185).
-#: (Chunks of 4 steps for small batches only do not help the budget: the planner fits its cost model
-#: to probes of a few sentences.)
+#: Layer 0's input projections are computed this many steps per matrix product (see InputProjection). Longer
+#: chunks are faster, but a chunk is held memory, steps x batch x gate columns floats, a cost per sentence that short
+#: sentences feel most under a memory budget: the measurements behind 2 are in docs/performance.md.
 PROJECTION_STEPS = 2
 
 

@@ -128,7 +128,7 @@ class DistributedTrainer(Trainer):
         self.job = job
         self.rank, self.world_size = job.rank, job.world_size
         if not job.is_main:
-            self.reporter = StepReporter(args.log_every, logger, bar=False)  # one progress bar per job
+            self.reporter = StepReporter(args.log_every, logger, self._memory_line, bar=False)  # one bar per job
 
     def train(self) -> str:
         """Start every rank from rank 0's weights, train, and check that the weights still agree."""
@@ -145,8 +145,8 @@ class DistributedTrainer(Trainer):
         self._check_replicas()
         return reason
 
-    def _update(self, batch: Batch) -> torch.Tensor:
-        loss = compute_gradients(self.model, batch)
+    def _update(self, parts: list[Batch]) -> torch.Tensor:
+        loss = compute_gradients(self.model, parts)
         self._average_gradients()
         clip_and_step(self.optimizer, self.args.clip)
         return loss

@@ -123,7 +123,7 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
             _crash_hook(setup.rank)
             private.load_state_dict(shared.state_dict())  # the snapshot that stays fixed through the batch
             batch = make_batch(setup.train, batches[index]).to(device)
-            loss = compute_gradients(private, batch)
+            loss = compute_gradients(private, [batch])
             for shared_param, param in zip(shared.parameters(), private.parameters()):
                 # On the CPU these are the private tensors themselves (no copy); shared_param.grad
                 # was created in this process, so it is this worker's, not shared.

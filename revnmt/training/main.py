@@ -17,6 +17,7 @@ import torch
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from revnmt.data import atomic_write_bytes
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
+from revnmt.memory.peak import track_freed_memory
 from revnmt.model import Seq2Seq
 from revnmt.translator import Translator, evaluate
 
@@ -40,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     others show warnings and errors only).
     """
     args = parse_args(argv)
+    if args.memory_budget is not None:
+        track_freed_memory()  # the RSS then follows what is alive: what the budget bounds (revnmt.memory.peak)
     job = Job.from_env()
     if job.distributed and args.hogwild:
         build_parser().error("--hogwild starts worker processes of its own: run it with python, not torchrun")
@@ -127,8 +130,7 @@ def _memory_plan(args: argparse.Namespace, data: TrainingData, model: Seq2Seq, c
     another batch, and the run would no longer repeat an uninterrupted one.
     """
     if checkpoint is not None and checkpoint.get("memory_plan"):
-        fields = {k: v for k, v in checkpoint["memory_plan"].items() if k != "measured_peak"}
-        plan = BudgetPlan(**fields)
+        plan = BudgetPlan.from_dict(checkpoint["memory_plan"])
     else:
         lengths = data.train.lengths
         plan = plan_budget(model, args.memory_budget, args.optimizer, lengths,

@@ -142,8 +142,9 @@ def add_optimization_options(parser: argparse.ArgumentParser) -> None:
                      help=f"sentences per batch (default: {DEFAULT_BATCH_SIZE} unless --batch-tokens is given)")
     opt.add_argument("--batch-tokens", type=_positive_int, help="padded tokens per batch")
     opt.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
-                     help="e.g. 2GiB: choose the largest token batch whose training step fits (measured), "
-                     "instead of --batch-size/--batch-tokens")
+                     help="e.g. 2GiB: the peak memory training may reach, measured as the process's resident memory "
+                     "(RSS) on CPU and as the CUDA allocator's reserved memory on a GPU; the largest token batch "
+                     "whose step fits is chosen (instead of --batch-size/--batch-tokens), and checked every step")
     opt.add_argument("--patience", type=_positive_int, default=5, help="epochs without dev-BLEU improvement "
                      "before stopping")
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 import math
 import os
-import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -54,8 +54,10 @@ class StepReporter:
     force a device sync every step.
     """
 
-    def __init__(self, log_every: int, logger: logging.Logger, bar: bool | None = None) -> None:
-        self.log_every, self.logger = log_every, logger
+    def __init__(self, log_every: int, logger: logging.Logger, memory: Callable[[], str], bar: bool | None = None
+                 ) -> None:
+        """``memory`` says what the run's memory peaked at, for every log line."""
+        self.log_every, self.logger, self.memory = log_every, logger, memory
         self.use_bar = sys.stderr.isatty() if bar is None else bar
         self._bar: tqdm | None = None
         self._reset()
@@ -104,12 +106,11 @@ class StepReporter:
         loss = float(self._loss) / max(self._tokens, 1)
         rate = self._tokens / max(time.monotonic() - self._start, 1e-9)
         return (f"loss {loss:.3f} | ppl {math.exp(min(loss, 50)):.1f} | lr {self._lr:.2e} | {rate:.0f} tok/s | "
-                f"{peak_memory()}")
+                f"{self.memory()}")
 
 
-def peak_memory() -> str:
-    """The run's peak memory so far, labelled with what measured it (they are not comparable)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return f"peak {format_bytes(torch.cuda.max_memory_allocated())} CUDA allocated"
-    # ru_maxrss is in KiB on Linux: the whole process (interpreter, libraries, data), not activations
-    return f"peak RSS {format_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}"
+def peak_memory(device: torch.device) -> str:
+    """The run's peak memory so far, labelled with what measured it: the process's RSS on CPU, the
+    allocator's reserved memory on CUDA (what a memory limit and an out-of-memory error see)."""
+    meter = PeakMeter(device)
+    return f"peak {meter.what} {format_bytes(meter.peak())}"

@@ -20,7 +20,7 @@ import torch
 
 from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
 from revnmt.data import Batch, BatchSampler, make_batch, sorted_batches
-from revnmt.memory.budget import BudgetPlan
+from revnmt.memory.budget import BudgetGuard, BudgetPlan
 from revnmt.model import Seq2Seq
 from revnmt.translator import Translator, evaluate
 
@@ -40,14 +40,17 @@ def derived_seed(*keys: int) -> int:
     return int(np.random.SeedSequence(keys).generate_state(1)[0])
 
 
-def compute_gradients(model: Seq2Seq, batch: Batch) -> torch.Tensor:
-    """Set ``model``'s ``.grad`` to the gradients of ``batch``; returns its summed loss.
+def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> torch.Tensor:
+    """Set ``model``'s ``.grad`` to the gradients of the batch made of ``parts``; returns its summed loss.
 
-    ``train_step`` accumulates the gradients itself (reversible models train by reversal), so
-    the old ones are dropped first.
+    ``train_step`` accumulates the gradients itself (reversible models train by reversal), so the old
+    ones are dropped first, and each part's loss is divided by the whole batch's target tokens: the
+    parts' gradients add up to the batch's.
     """
     model.zero_grad(set_to_none=True)
-    return model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, normalizer=batch.n_tokens)
+    n_tokens = sum(part.n_tokens for part in parts)
+    return sum(model.train_step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens)
+               for part in parts)
 
 
 def clip_and_step(optimizer: torch.optim.Optimizer, clip: float) -> None:
@@ -99,9 +102,11 @@ class Trainer:
         self.sampler = BatchSampler(data.train.lengths, batch_tokens=batch_tokens, batch_size=batch_size,
                                     shuffle=True, seed=args.seed)
         self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
-        self.reporter = StepReporter(args.log_every, logger)
-        self.eval_batch_size = plan.eval_batch_size if plan else eval_batch_size(args)
         self.device = next(model.parameters()).device
+        # With a budget, every step's measured peak is checked against it (and the log shows both).
+        self.guard = BudgetGuard(plan, self.device) if plan else None
+        self.reporter = StepReporter(args.log_every, logger, self._memory_line)
+        self.eval_batch_size = plan.eval_batch_size if plan else eval_batch_size(args)
         # Each update trains batch ``rank`` of a group of ``world_size`` consecutive batches, one per
         # process (DistributedTrainer); a single process trains every batch.
         self.rank, self.world_size = 0, 1
@@ -123,7 +128,7 @@ class Trainer:
             "trainer": asdict(self.state),
             "rng": rng_state(),
             "args": vars(self.args),
-            "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": peak_memory()},
+            "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()},
         }
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
@@ -190,13 +195,16 @@ class Trainer:
         tick = time.monotonic()
         with self.reporter.epoch(state.epoch, n_batches, state.batch_in_epoch):
             for first in range(state.batch_in_epoch, n_batches, self.world_size):
-                batch = make_batch(self.data.train, batches[first + self.rank]).to(self.device)
-                loss = self._update(batch)
+                parts = self._parts(batches[first + self.rank])
+                loss = self._update(parts)
+                if self.guard is not None:
+                    self._check_budget(batches[first + self.rank], parts)
                 state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
+                n_tokens = sum(part.n_tokens for part in parts)
                 # Counted per step (not per epoch) so that a --save-every checkpoint carries it.
-                state.train_tokens += batch.n_tokens
+                state.train_tokens += n_tokens
                 state.train_s += time.monotonic() - tick
-                self.reporter.step(state.step, state.batch_in_epoch, loss, batch.n_tokens, current_lr(self.optimizer))
+                self.reporter.step(state.step, state.batch_in_epoch, loss, n_tokens, current_lr(self.optimizer))
                 if args.save_every and state.step % args.save_every == 0:
                     self._save(best=False)
                 tick = time.monotonic()
@@ -204,9 +212,28 @@ class Trainer:
                     break
         return state.batch_in_epoch == n_batches
 
-    def _update(self, batch: Batch) -> torch.Tensor:
-        """One optimizer step on ``batch``; returns its summed loss."""
-        loss = compute_gradients(self.model, batch)
+    def _parts(self, indices: list[int]) -> list[Batch]:
+        """The batch of these training pairs, on the device: whole, or in parts of at most the plan's
+        ``step_tokens`` padded tokens once a step has gone over the memory budget."""
+        limit = self.plan.step_tokens if self.plan is not None else None
+        length = int(self.data.train.lengths[indices].max())
+        if limit is None or len(indices) * length <= limit:
+            return [make_batch(self.data.train, indices).to(self.device)]
+        ordered = sorted(indices, key=lambda i: -int(self.data.train.lengths[i]))  # similar lengths together
+        size = max(1, limit // length)
+        return [make_batch(self.data.train, ordered[i: i + size]).to(self.device) for i in range(0, len(ordered), size)]
+
+    def _check_budget(self, indices: list[int], parts: list[Batch]) -> None:
+        length = int(self.data.train.lengths[indices].max())
+        if not self.guard.check(len(indices), length, max(len(part) for part in parts) * length):
+            logger.info("%s", self.plan.describe())
+
+    def _memory_line(self) -> str:
+        return self.guard.describe_peak() if self.guard is not None else peak_memory(self.device)
+
+    def _update(self, parts: list[Batch]) -> torch.Tensor:
+        """One optimizer step on the batch made of ``parts``; returns its summed loss."""
+        loss = compute_gradients(self.model, parts)
         clip_and_step(self.optimizer, self.args.clip)
         return loss
 

@@ -4,8 +4,13 @@ import logging
 import torch
 
 from revnmt.checkpoint import load_checkpoint
-from revnmt.data import Vocabulary
-from revnmt.training.trainer import VALID_COLUMNS
+from revnmt.data import Vocabulary, make_batch
+from revnmt.memory.peak import PeakMeter
+from revnmt.memory.sizes import format_bytes
+from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.training.data import load_data
+from revnmt.training.options import parse_args
+from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
                    "rng", "args", "memory_plan"}
@@ -111,16 +116,37 @@ def test_resuming_with_other_options_is_refused(train, tmp_path, capsys):
 
 
 def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, tmp_path):
+    # The budget bounds this (pytest) process's peak RSS: give it room above what it holds already.
+    budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
     save_dir = tmp_path / "budget"
-    assert train(save_dir, "--memory-budget", "64MiB", "--max-steps", "2") == 0
+    assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 0
     plan = load_checkpoint(save_dir / "last.pt")["memory_plan"]
-    assert plan["budget_bytes"] == 64 * 2 ** 20 and plan["batch_tokens"] > 0
+    assert plan["budget_bytes"] == budget * 2 ** 20 and plan["batch_tokens"] > 0
     assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
-    assert "memory budget 64.00 MiB" in (save_dir / "train.log").read_text()
-    assert train(save_dir, "--memory-budget", "64MiB", "--max-steps", "3") == 0
+    log = (save_dir / "train.log").read_text()
+    assert f"memory budget {format_bytes(budget * 2 ** 20)} of peak RSS" in log
+    assert f"of {format_bytes(budget * 2 ** 20)} budget" in log  # every log line shows the peak beside it
+    assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "3") == 0
     assert load_checkpoint(save_dir / "last.pt")["memory_plan"]["batch_tokens"] == plan["batch_tokens"]
 
 
 def test_memory_budget_too_small_for_the_model_stops_with_what_it_needs(train, tmp_path):
     assert train(tmp_path / "small", "--memory-budget", "1KiB") == 2
     assert "a budget of at least" in (tmp_path / "small" / "train.log").read_text()
+
+
+def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy):
+    # After a step over the budget, batches above plan.step_tokens train in parts; the gradients of
+    # the parts add up to the whole batch's.
+    data = load_data(parse_args(["--train", toy["train"], "--valid", toy["valid"], "--save-dir", "x",
+                                 "--min-freq", "1"]))
+    torch.manual_seed(0)
+    model = Seq2Seq(ModelConfig(rnn="gru", emb_dim=16, hidden_size=16, attention="hidden", dropout=0.0,
+                                src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)))
+    indices = list(range(12))
+    whole = make_batch(data.train, indices)
+    parts = [make_batch(data.train, indices[:5]), make_batch(data.train, indices[5:])]
+    loss = compute_gradients(model, [whole])
+    grads = [p.grad.clone() for p in model.parameters()]
+    assert torch.allclose(compute_gradients(model, parts), loss)
+    assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), grads))
