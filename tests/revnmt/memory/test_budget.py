@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from revnmt.data import BatchSampler
-from revnmt.memory.budget import (BudgetError, BudgetGuard, BudgetPlan, StepCost, base_bytes, fit_step_cost,
-                                  optimizer_bytes, plan_budget, probe_step_bytes, synthetic_batch)
+from revnmt.memory.budget import (BudgetError, BudgetGuard, BudgetPlan, StepCost, _largest_batch, base_bytes,
+                                  fit_step_cost, optimizer_bytes, plan_budget, probe_step_bytes, synthetic_batch)
 from revnmt.memory.peak import PeakMeter, release_free_memory, track_freed_memory
 from revnmt.model import ModelConfig, Seq2Seq
 
@@ -86,15 +86,20 @@ def test_budgets_too_small_say_what_is_needed():
         plan_budget(model, _budget_above_base(model, 0) + MiB, "adam", LENGTHS, CPU)
 
 
-def test_every_batch_the_sampler_forms_is_within_the_plan():
-    model, lengths = _model(), np.repeat(np.arange(4, 31), 400)  # more pairs than any batch here can hold
-    plan = plan_budget(model, _budget_above_base(model, 96 * MiB), "adam", lengths, CPU)
-    cost = StepCost(**plan.cost)
-    sampler = BatchSampler(lengths, batch_tokens=plan.batch_tokens, seed=3)
+@pytest.mark.parametrize("cost", [StepCost(2 * MiB, 40_000, 3_000),  # per-sentence costs dominate short pairs
+                                  StepCost(2 * MiB, 0, 12_000)])  # a per-token cost alone
+def test_every_batch_the_sampler_forms_is_within_the_plan(cost):
+    # The search for the largest token batch, on a known cost: no batch the sampler forms costs more
+    # than the plan's costliest one, which fits the room.
+    room, lengths = 6 * MiB, LENGTHS
+    tokens, (sentences, length) = _largest_batch(cost, room, lengths, np.unique(lengths), 4, 100 * MiB, 0)
+    assert cost(sentences, length) <= room < cost(min(tokens // length + 1, int((lengths <= length).sum())), length) \
+        or sentences == int((lengths <= length).sum())  # one more pair would not fit (or the data has no more)
+    sampler = BatchSampler(lengths, batch_tokens=tokens, seed=3)
     assert len(sampler.batches(1)) > 3  # the budget, not the data, limits the batch
     for epoch in (1, 2, 3):
         for batch in sampler.batches(epoch):
-            assert plan.base_bytes + cost(len(batch), lengths[batch].max()) <= plan.predicted_peak_bytes + 1
+            assert cost(len(batch), lengths[batch].max()) <= cost(sentences, length) + 1
 
 
 def test_a_step_over_the_budget_shrinks_the_plan_once_and_warns(caplog):
