@@ -25,7 +25,7 @@ _TRAIN_AND_REPORT = textwrap.dedent("""
 
 
 def _write_corpus(folder: Path) -> dict[str, str]:
-    """Random sentences over a 1,500-word vocabulary, up to 40 words: enough for the budget to bind."""
+    """Random sentences over a 1,500-word vocabulary, up to 40 words: enough for the smaller budget to bind."""
     rng = random.Random(0)
     words = [f"w{i}" for i in range(1500)]
     prefixes = {}
@@ -43,7 +43,7 @@ def _write_corpus(folder: Path) -> dict[str, str]:
 def test_training_stays_within_two_budgets(rnn, tmp_path):
     corpus = _write_corpus(tmp_path)
     options = ["--train", corpus["train"], "--valid", corpus["valid"], "--test", corpus["test"], "--min-freq", "1",
-               "--emb-dim", "128", "--hidden-size", "256", "--rnn", rnn, "--max-steps", "6", "--log-every", "1",
+               "--emb-dim", "128", "--hidden-size", "256", "--rnn", rnn, "--max-steps", "3", "--log-every", "1",
                "--valid-beam", "1", "--test-beam", "2", "--device", "cpu"]
     if rnn == "gru":
         options += ["--attention", "hidden"]
@@ -58,4 +58,4 @@ def test_training_stays_within_two_budgets(rnn, tmp_path):
         plans.append(int(re.search(r"batches of up to (\d+) tokens", run.stderr).group(1)))
         assert re.search(r"peak RSS [\d.]+ [KMG]iB of [\d.]+ [KMG]iB budget", run.stderr)  # beside the budget
     small, large = plans
-    assert small < large < 3000 * 41  # both budgets bind, and the larger allows larger batches
+    assert small < large <= 3000 * 41  # the smaller budget binds, and the larger allows larger batches
