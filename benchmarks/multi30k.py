@@ -91,7 +91,7 @@ FULL = {"train": ["--epochs", "30", "--save-every", "200", "--buffer-lanes", "16
         "memory_batches": 20, "budget": "2GiB"}
 # A pipeline check, not a result: 64-unit models on 1,000 pairs for 2 epochs, greedy test decoding.
 QUICK = {"train": ["--epochs", "2", "--train-limit", "1000", "--emb-dim", "64", "--hidden-size", "64"], "test_beam": 1,
-         "memory_batches": 2, "budget": "256MiB"}
+         "memory_batches": 2, "budget": "1GiB"}
 REPLACE_UNK_JSON = "test-replace-unk.json"
 
 
@@ -106,7 +106,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     parser.add_argument("--threads", type=int, help="torch threads per job (default: cores / jobs)")
     parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
-                        help="budget for the batch-tokens column (default: 2GiB; 256MiB with --quick)")
+                        help="budget for the batch-tokens column (default: 2GiB; 1GiB with --quick)")
     parser.add_argument("--report", action="store_true", help="only tabulate what the run directories hold")
     parser.add_argument("--results", type=Path, help="also copy the table and the runs' logs and reports here")
     parser.add_argument("--speed", type=int, default=0, metavar="N",
@@ -167,8 +167,9 @@ def pending_steps(args: argparse.Namespace, model: Model) -> list[list[str]]:
     return steps
 
 
-def run_all(args: argparse.Namespace) -> None:
-    """Run every model's pending commands, ``--jobs`` models at a time, showing progress."""
+def run_all(args: argparse.Namespace) -> list[str]:
+    """Run every model's pending commands, ``--jobs`` models at a time, showing progress; return the
+    models whose command failed."""
     queue = [(m, pending_steps(args, m)) for m in args.models]
     queue = [(m, steps) for m, steps in queue if steps]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
@@ -213,6 +214,7 @@ def run_all(args: argparse.Namespace) -> None:
         raise SystemExit(130) from None
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return failed
 
 
 def last_progress_line(run: Path) -> str:
@@ -250,7 +252,7 @@ def measure_speed(args: argparse.Namespace) -> dict[str, float]:
         batch = make_batch(data.train, indices).to(args.device)
         for name, net in nets.items():
             start = time.perf_counter()
-            compute_gradients(net, batch).item()  # .item(): the step is done (CUDA) before the clock reads
+            compute_gradients(net, [batch]).item()  # .item(): the step is done (CUDA) before the clock reads
             clip_and_step(optimizers[name], clips[name])
             if i >= WARMUP_BATCHES:
                 seconds[name] += time.perf_counter() - start
@@ -383,8 +385,7 @@ def publish(args: argparse.Namespace, names: list[str]) -> None:
 def main() -> int:
     args = parse_args()
     args.runs.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        run_all(args)
+    failed = [] if args.report else run_all(args)
     speed_file = args.runs / "speed.json"
     if args.speed:
         speed_file.write_text(json.dumps(measure_speed(args), indent=2) + "\n", encoding="utf-8")
@@ -399,7 +400,8 @@ def main() -> int:
     (args.runs / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.results:
         publish(args, [r["model"] for r in results])
-    return 0 if all(r["finished"] for r in results) and len(results) == len(args.models) else 1
+    complete = all(r["finished"] for r in results) and len(results) == len(args.models)
+    return 0 if complete and not failed else 1
 
 
 if __name__ == "__main__":
