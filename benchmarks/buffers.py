@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from buffers import (  # noqa: E402
+from buffers import (
     FORGET_ONE, HIDDEN_RADIX, InformationBuffer, checked_add, quantize_forget, restrict_forget, to_fixed,
 )
 

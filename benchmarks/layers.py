@@ -38,11 +38,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import buffers  # noqa: E402
-from revnmt.rnn import ReversibleRNN, TensorInput  # noqa: E402
-from revnmt.rnn.ordinary import OrdinaryRNN  # noqa: E402
+import buffers
+from revnmt.rnn import ReversibleRNN, TensorInput
+from revnmt.rnn.ordinary import OrdinaryRNN
 
 
 def _sync(device):

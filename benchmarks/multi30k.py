@@ -5,22 +5,23 @@
     python benchmarks/multi30k.py --models all --jobs 2 --threads 1
     python benchmarks/multi30k.py --report             # the table of what RUNS holds now, training nothing
 
-Every model trains with train.py in RUNS/<name>, with the paper's Multi30K setup (train.py's defaults:
+Every model trains with revnmt-train in RUNS/<name>, with the paper's Multi30K setup (its defaults:
 1+1 layers, 300-unit embeddings and states, dropout 0.4, batch 64, tokenized and lowercased) and Adam
 (lr 1e-3, halved whenever the dev loss does not improve, stopped after 5 epochs without a better dev
-BLEU or below lr 1e-5, at most 30 epochs). train.py itself scores test2016 with best.pt at beam 5
-(test.json); ``translate.py --replace-unk`` scores it again with every ``<unk>`` replaced by the attended
-source word, as the paper's BLEU was (test-replace-unk.json). Reversible models are then measured on their trained gates with
-``python -m revnmt.memory --checkpoint`` (memory.json): encoder and decoder ratios, and the token batch
-that fits --memory-budget, for the model and for its ordinary counterpart of the same size.
+BLEU or below lr 1e-5, at most 30 epochs). Training itself scores test2016 with best.pt at beam 5
+(test.json); ``revnmt-translate --replace-unk`` scores it again with every ``<unk>`` replaced by the
+attended source word, as the paper's BLEU was (test-replace-unk.json). Reversible models are then
+measured on their trained gates with ``revnmt-memory --checkpoint`` (memory.json): encoder and decoder
+ratios, and the token batch that fits --memory-budget, for the model and for its ordinary counterpart
+of the same size.
 
-Running the command again resumes unfinished runs (train.py resumes exactly) and skips finished
+Running the command again resumes unfinished runs (training resumes exactly) and skips finished
 ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
 RUNS/results.md and RUNS/results.json; runs still training appear with their progress so far.
 ``--speed N`` times N training batches of every model, the models taking turns, with the same threads
 (speed.json), so that the tokens/s column compares like with like; the runs' own averages depend on
-what else shared the machine. ``--results DIR`` also copies the table and each run's small files (logs, dev scores, test and memory
-reports; no checkpoints) to DIR, to be kept with the code.
+what else shared the machine. ``--results DIR`` also copies the table and each run's small files (logs,
+dev scores, test and memory reports; no checkpoints) to DIR, to be kept with the code.
 """
 
 from __future__ import annotations
@@ -39,18 +40,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from revnmt.cli.options import byte_size
+from revnmt.cli.train import parse_args as train_config
+from revnmt.data import BatchSampler, language_file, load_data, make_batch, multi30k_prefix
+from revnmt.memory.sizes import format_bytes
+from revnmt.model import Seq2Seq
+from revnmt.training.schedule import build_optimizer
+from revnmt.training.trainer import clip_and_step, compute_gradients
 
-from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint  # noqa: E402
-from revnmt.data import BatchSampler, language_file, make_batch, multi30k_prefix  # noqa: E402
-from revnmt.memory.sizes import format_bytes  # noqa: E402
-from revnmt.model import Seq2Seq  # noqa: E402
-from revnmt.training.data import load_data  # noqa: E402
-from revnmt.training.options import byte_size, model_config  # noqa: E402
-from revnmt.training.options import parse_args as train_args  # noqa: E402
-from revnmt.training.schedule import build_optimizer  # noqa: E402
-from revnmt.training.trainer import clip_and_step, compute_gradients  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent  # where runs/ goes by default
 
 POLL_S = 30.0  # how often running jobs' progress is checked
 
@@ -101,8 +100,8 @@ def parse_args() -> argparse.Namespace:
                         help=f"'core', 'all' or a comma-separated list of {', '.join(MODELS)} (default: core)")
     parser.add_argument("--quick", action="store_true", help="small models on 1,000 pairs: checks the pipeline")
     parser.add_argument("--runs", type=Path, help="run directories (default: runs/multi30k, runs/multi30k-quick)")
-    parser.add_argument("--data-dir", help="Multi30K folder (default: found as train.py finds it)")
-    parser.add_argument("--device", default="cpu", help="train.py --device (default: cpu)")
+    parser.add_argument("--data-dir", help="Multi30K folder (default: found as revnmt-train finds it)")
+    parser.add_argument("--device", default="cpu", help="revnmt-train --device (default: cpu)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     parser.add_argument("--threads", type=int, help="torch threads per job (default: cores / jobs)")
     parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
@@ -135,13 +134,13 @@ def train_options(args: argparse.Namespace, model: Model) -> list[str]:
 
 
 def train_command(args: argparse.Namespace, model: Model) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *train_options(args, model)]
+    return [sys.executable, "-m", "revnmt.cli.train", *train_options(args, model)]
 
 
 def memory_command(args: argparse.Namespace, model: Model) -> list[str]:
     run = args.runs / model.name
     data = ["--data-dir", args.data_dir] if args.data_dir else []
-    return [sys.executable, "-m", "revnmt.memory", "--checkpoint", str(run), *data, "--device", args.device,
+    return [sys.executable, "-m", "revnmt.cli.memory", "--checkpoint", str(run), *data, "--device", args.device,
             "--batches", str(args.setup["memory_batches"]), "--memory-budget", str(args.memory_budget),
             "--json", str(run / "memory.json")]
 
@@ -149,10 +148,10 @@ def memory_command(args: argparse.Namespace, model: Model) -> list[str]:
 def replace_unk_command(args: argparse.Namespace, model: Model) -> list[str]:
     """test2016 scored as the paper scored it, with ``<unk>`` replaced by the attended source word."""
     run, test = args.runs / model.name, multi30k_prefix("test", args.data_dir)
-    return [sys.executable, str(ROOT / "translate.py"), "--checkpoint", str(run), "-i", str(language_file(test, "en")),
-            "-o", str(run / "test.replace-unk.hyp"), "--beam", str(args.setup["test_beam"]), "--replace-unk",
-            "--reference", str(language_file(test, "de")), "--json", str(run / REPLACE_UNK_JSON), "--device",
-            args.device]
+    return [sys.executable, "-m", "revnmt.cli.translate", "--checkpoint", str(run),
+            "-i", str(language_file(test, "en")), "-o", str(run / "test.replace-unk.hyp"),
+            "--beam", str(args.setup["test_beam"]), "--replace-unk", "--reference", str(language_file(test, "de")),
+            "--json", str(run / REPLACE_UNK_JSON), "--device", args.device]
 
 
 def pending_steps(args: argparse.Namespace, model: Model) -> list[list[str]]:
@@ -172,7 +171,7 @@ def run_all(args: argparse.Namespace) -> list[str]:
     models whose command failed."""
     queue = [(m, pending_steps(args, m)) for m in args.models]
     queue = [(m, steps) for m, steps in queue if steps]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     running: dict[str, tuple[subprocess.Popen, list[list[str]], float]] = {}
     shown: dict[str, str] = {}
     failed = []
@@ -180,7 +179,7 @@ def run_all(args: argparse.Namespace) -> list[str]:
     def start(model: Model, steps: list[list[str]]) -> None:
         run = args.runs / model.name
         run.mkdir(parents=True, exist_ok=True)
-        # train.py and the memory report log to the console; it goes to a file (tracebacks included).
+        # training and the memory report log to the console; it goes to a file (tracebacks included).
         console = open(run / "console.log", "a", encoding="utf-8")
         print(f"[{model.name}] {' '.join(steps[0][1:])}", flush=True)
         process = subprocess.Popen(steps[0], stdout=console, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -234,18 +233,18 @@ WARMUP_BATCHES = 5
 
 def measure_speed(args: argparse.Namespace) -> dict[str, float]:
     """Training tokens/s of every model on the same Multi30K batches (64 sentences), in this process
-    with ``--threads`` threads: fresh weights, Adam, clipping, as train.py. The models take turns
+    with ``--threads`` threads: fresh weights, Adam, clipping, as revnmt-train. The models take turns
     batch by batch, so that a slow phase of a shared machine weighs on all of them alike."""
     torch.set_num_threads(args.threads)
-    data = load_data(train_args(train_options(args, args.models[0])))  # the data options are shared
+    data = load_data(train_config(train_options(args, args.models[0])).data)  # the data options are shared
     batches = BatchSampler(data.train.lengths, batch_size=64, seed=1).batches(1)[: WARMUP_BATCHES + args.speed]
     nets, optimizers, clips = {}, {}, {}
     for model in args.models:
-        options = train_args(train_options(args, model))
-        torch.manual_seed(options.seed)
-        nets[model.name] = Seq2Seq(model_config(options, len(data.src_vocab), len(data.tgt_vocab))).to(args.device)
-        optimizers[model.name] = build_optimizer(options, nets[model.name].parameters())
-        clips[model.name] = options.clip
+        config = train_config(train_options(args, model)).with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
+        torch.manual_seed(config.training.seed)
+        nets[model.name] = Seq2Seq(config.model).to(args.device)
+        optimizers[model.name] = build_optimizer(config.training, nets[model.name].parameters())
+        clips[model.name] = config.training.clip
     seconds = dict.fromkeys(nets, 0.0)
     tokens = 0
     for i, indices in enumerate(batches):
@@ -322,8 +321,8 @@ def markdown(results: list[dict], budget: int) -> str:
         m = row.get("memory", {}).get(side)
         return "–" if m is None else f"{m['actual_ratio']:.1f}× ({m['optimal_ratio']:.1f}×)"
 
-    head = ("| model | attention | bits | test BLEU tok. | test sacreBLEU | test BLEU tok. / sacreBLEU, --replace-unk | "
-            "dev BLEU | best epoch / trained | "
+    head = ("| model | attention | bits | test BLEU tok. | test sacreBLEU | "
+            "test BLEU tok. / sacreBLEU, --replace-unk | dev BLEU | best epoch / trained | "
             f"minutes to best | train tok/s (side by side) | encoder actual (optimal) | decoder actual (optimal) | "
             f"batch tokens in {format_bytes(budget)} |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]

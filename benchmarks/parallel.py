@@ -23,14 +23,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from revnmt.data import MULTI30K_SPLITS, find_multi30k, load_parallel  # noqa: E402
-from revnmt.model import Seq2Seq  # noqa: E402
-from revnmt.training.data import load_data  # noqa: E402
-from revnmt.training.hogwild import HogwildTrainer  # noqa: E402
-from revnmt.training.options import model_config, parse_args  # noqa: E402
-from revnmt.training.trainer import Validation  # noqa: E402
+from revnmt.cli.train import parse_args
+from revnmt.data import MULTI30K_SPLITS, find_multi30k, load_data, load_parallel
+from revnmt.model import Seq2Seq
+from revnmt.training.hogwild import HogwildTrainer
+from revnmt.training.trainer import Validation
 
 SMALL_MODEL = ["--emb-dim", "128", "--hidden-size", "128", "--slice-dim", "20", "--dropout", "0.2"]
 
@@ -63,15 +60,17 @@ class TimedTrainer(HogwildTrainer):
 
 def run(name: str, argv: list[str], target: float) -> dict:
     """Train with train.py's options ``argv``; the figures of the run."""
-    args = parse_args([*argv, "--save-dir", "-"])  # the trainer saves into a temporary folder instead
-    data = load_data(args)
-    torch.manual_seed(args.seed)
-    model = Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))).to(args.device)
     with tempfile.TemporaryDirectory() as save_dir:
-        trainer = TimedTrainer(args, data, model, Path(save_dir), target=target)
+        config = parse_args([*argv, "--save-dir", save_dir])
+        data = load_data(config.data)
+        config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
+        torch.manual_seed(config.training.seed)
+        model = Seq2Seq(config.model).to(config.training.device)
+        trainer = TimedTrainer(config, data, model, target=target)
         trainer.train()
     reached = next((point for point in trainer.curve if point["dev_loss"] <= target), None)
-    return {"run": name, "workers": args.hogwild, "devices": args.devices, "updates": trainer.state.step,
+    return {"run": name, "workers": config.training.hogwild, "devices": config.training.devices,
+            "updates": trainer.state.step,
             "train_s": trainer.train_s, "updates_per_s": trainer.state.step / trainer.train_s,
             "final_dev_loss": trainer.curve[-1]["dev_loss"], "target_loss": target,
             "epochs_to_target": reached and reached["epoch"], "train_s_to_target": reached and reached["train_s"],

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from revnmt.atomic import atomic_file
 
 # What a training run writes into its checkpoint directory.
 BEST_CHECKPOINT = "best.pt"
@@ -18,25 +19,9 @@ LAST_CHECKPOINT = "last.pt"
 
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Save ``state`` to ``path`` atomically: a crash leaves either the old file or the new one.
-
-    ``torch.save`` streams into a temporary file in the same directory (so the final rename
-    stays on one filesystem, where ``os.replace`` is atomic), which is fsynced before the rename
-    so the new name never points at data still sitting in the page cache.
-    """
-    path = Path(path)
-    # Not revnmt.data.atomic_write_bytes: that needs the whole checkpoint as one bytes object
-    # in memory, and does not fsync.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp_name, 0o644)  # mkstemp makes 0600 files; checkpoints are meant to be shared
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    ``torch.save`` streams into the temporary file, so the checkpoint never exists as one bytes object."""
+    with atomic_file(path) as file:
+        torch.save(state, file)
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -54,7 +39,8 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     # A damaged file fails deep inside zip or pickle code with any of several exception types
     # (RuntimeError, EOFError, UnpicklingError, ...) whose messages do not name the file.
     except Exception as error:
-        raise RuntimeError(f"cannot load checkpoint {path} (truncated, corrupt or not a torch checkpoint?): {error}") from error
+        raise RuntimeError(f"cannot load checkpoint {path} (truncated, corrupt or not a torch checkpoint?): "
+                           f"{error}") from error
 
 
 def resolve_checkpoint(path_or_dir: str | os.PathLike[str]) -> Path:

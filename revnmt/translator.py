@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import PAD, SPECIALS, UNK, Detokenizer, Tokenizer, Vocabulary, sorted_batches
+from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Detokenizer, Tokenizer, Vocabulary, sorted_batches
 from revnmt.model import Seq2Seq
 from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
 from revnmt.search import beam_search, greedy
@@ -20,19 +20,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_INPUT_LEN = 100  # for checkpoints whose data options set no length limit
 _MAX_REPORTED_LINES = 5  # line numbers a truncation warning lists before it only counts
-
-
-@dataclass(frozen=True)
-class DataOptions:
-    """How a model's text was prepared; stored in checkpoints as ``"data"``."""
-
-    src: str
-    tgt: str
-    lowercase: bool
-    max_len: int | None
-
-    def to_dict(self) -> dict:
-        return {"src": self.src, "tgt": self.tgt, "lowercase": self.lowercase, "max_len": self.max_len}
 
 
 class Translator:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,24 +53,6 @@ def decode_lines(data: bytes, name: str) -> list[str]:
             "%s: invalid UTF-8 replaced by U+FFFD on %d line(s): %s%s", name, len(bad_lines), shown, more
         )
     return lines
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
-
-    An interrupted write (crash, Ctrl-C, failed download) then never leaves a truncated file
-    behind that a later run would mistake for a complete one.
-    """
-    path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp_name, 0o644)  # mkstemp makes 0600 files; outputs are meant to be shared
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 @dataclass

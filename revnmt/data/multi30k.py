@@ -8,7 +8,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from revnmt.data.corpus import atomic_write_bytes
+from revnmt.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

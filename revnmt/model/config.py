@@ -10,7 +10,7 @@ RNN_TYPES = ("revgru", "revlstm", "gru", "lstm")
 ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture of an attention encoder-decoder (see README, "Model options")."""
 

@@ -16,24 +16,22 @@ as DDP expects. The gradients are all-reduced explicitly instead.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
-from revnmt.data import Batch
+from revnmt.data import Batch, TrainingData
 from revnmt.memory.budget import BudgetPlan
 from revnmt.model import Seq2Seq
 
-from .data import TrainingData
+from .config import RunConfig
 from .progress import StepReporter
 from .schedule import current_lr
 from .trainer import Trainer, TrainerState, clip_and_step, compute_gradients, derived_seed
@@ -88,21 +86,20 @@ class Job:
 
 
 @contextmanager
-def process_group(args: argparse.Namespace, job: Job) -> Iterator[None]:
+def process_group(device: str, job: Job) -> Iterator[str]:
     """Be part of ``job``'s process group for the duration of a run (nothing for a world of one).
-
-    On CUDA each rank uses the GPU of its local rank: ``args.device`` is set to it.
+    Yields the device this process trains on: on CUDA each rank uses the GPU of its local rank.
     """
     if not job.distributed:
-        yield
+        yield device
         return
-    cuda = torch.device(args.device).type == "cuda"
+    cuda = torch.device(device).type == "cuda"
     if cuda:
-        args.device = f"cuda:{job.local_rank}"
-        torch.cuda.set_device(args.device)
+        device = f"cuda:{job.local_rank}"
+        torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
-        yield
+        yield device
         # Leave together: a gloo rank that tears its group down while another still uses it
         # (rank 0 translating the test set) can abort ("terminate called without an active exception").
         dist.barrier()
@@ -122,13 +119,14 @@ def state_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
 class DistributedTrainer(Trainer):
     """A Trainer that is one rank of a torchrun job."""
 
-    def __init__(self, args: argparse.Namespace, data: TrainingData, model: Seq2Seq, save_dir: Path,
-                 plan: BudgetPlan | None, job: Job) -> None:
-        super().__init__(args, data, model, save_dir, plan)
+    def __init__(self, config: RunConfig, data: TrainingData, model: Seq2Seq, plan: BudgetPlan | None,
+                 job: Job) -> None:
+        super().__init__(config, data, model, plan)
         self.job = job
         self.rank, self.world_size = job.rank, job.world_size
         if not job.is_main:
-            self.reporter = StepReporter(args.log_every, logger, self._memory_line, bar=False)  # one bar per job
+            # one progress bar per job: rank 0's
+            self.reporter = StepReporter(config.training.log_every, logger, self._memory_line, bar=False)
 
     def train(self) -> str:
         """Start every rank from rank 0's weights, train, and check that the weights still agree."""
@@ -137,7 +135,7 @@ class DistributedTrainer(Trainer):
         if not self.job.is_main:
             # Rank 0 draws its dropout masks from the run's (checkpointed) generator; the others
             # need masks of their own. A resumed run repeats rank 0's masks exactly, not theirs.
-            torch.manual_seed(derived_seed(self.args.seed, self.rank, self.state.step))
+            torch.manual_seed(derived_seed(self.config.training.seed, self.rank, self.state.step))
         logger.info("%d ranks: each update averages the gradients of %d batches, one per rank; the last "
                     "(number of batches mod %d) batches of each epoch are left out", self.world_size,
                     self.world_size, self.world_size)
@@ -148,7 +146,7 @@ class DistributedTrainer(Trainer):
     def _update(self, parts: list[Batch]) -> torch.Tensor:
         loss = compute_gradients(self.model, parts)
         self._average_gradients()
-        clip_and_step(self.optimizer, self.args.clip)
+        clip_and_step(self.optimizer, self.config.training.clip)
         return loss
 
     def _average_gradients(self) -> None:

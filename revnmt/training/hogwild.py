@@ -23,26 +23,23 @@ checkpointed, and starts afresh in a resumed run.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import logging
-import os
 import queue
 import signal
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
-from revnmt.data import BatchSampler, EncodedDataset, make_batch
+from revnmt.data import BatchSampler, EncodedDataset, TrainingData, make_batch
 from revnmt.memory.budget import BudgetPlan
 from revnmt.model import Seq2Seq
 
-from .data import TrainingData
+from .config import RunConfig, TrainingConfig
 from .schedule import build_optimizer, current_lr
 from .trainer import Trainer, clip_and_step, compute_gradients, derived_seed
 
@@ -50,8 +47,6 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # how often a waiting process checks that the other side is still alive
 JOIN_S = 30.0  # how long workers told to stop may take before they are terminated
-# Test hook: "RANK" makes that worker raise before each update, "RANK:kill" kill itself (SIGKILL).
-CRASH_HOOK = "REVNMT_TEST_CRASH_WORKER"
 
 
 class WorkerError(RuntimeError):
@@ -76,21 +71,21 @@ class WorkerSetup:
     n_workers: int
     device: str
     threads: int
-    args: argparse.Namespace
+    config: TrainingConfig
     train: EncodedDataset
     sampler: BatchSampler
 
 
-def worker_devices(args: argparse.Namespace) -> list[str]:
+def worker_devices(config: TrainingConfig) -> list[str]:
     """Each worker's device: round-robin over ``--devices``, else over every GPU with a CUDA
     ``--device``, else the CPU."""
-    if args.devices:
-        ids = args.devices
-    elif torch.device(args.device).type == "cuda":
+    if config.devices:
+        ids = list(config.devices)
+    elif torch.device(config.device).type == "cuda":
         ids = list(range(torch.cuda.device_count()))
     else:
-        return ["cpu"] * args.hogwild
-    return [f"cuda:{ids[rank % len(ids)]}" for rank in range(args.hogwild)]
+        return ["cpu"] * config.hogwild
+    return [f"cuda:{ids[rank % len(ids)]}" for rank in range(config.hogwild)]
 
 
 # ---------------------------------------------------------------------- worker processes
@@ -110,17 +105,16 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
     device = torch.device(setup.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    private = Seq2Seq(shared.cfg).to(device).train()
-    optimizer = build_optimizer(setup.args, shared.parameters())
+    private = type(shared)(shared.cfg).to(device).train()  # the shared model's class, its own weights
+    optimizer = build_optimizer(setup.config, shared.parameters())
     results.put(("ready", setup.rank))
     while (command := _next_command(commands)) is not None:
         for group in optimizer.param_groups:
             group["lr"] = command.lr
-        torch.manual_seed(derived_seed(setup.args.seed, command.epoch, setup.rank))  # dropout masks of its own
+        torch.manual_seed(derived_seed(setup.config.seed, command.epoch, setup.rank))  # dropout masks of its own
         batches = setup.sampler.batches(command.epoch)
         first = command.start + (setup.rank - command.start) % setup.n_workers  # the first index ≡ rank mod N
         for index in range(first, command.end, setup.n_workers):
-            _crash_hook(setup.rank)
             private.load_state_dict(shared.state_dict())  # the snapshot that stays fixed through the batch
             batch = make_batch(setup.train, batches[index]).to(device)
             loss = compute_gradients(private, [batch])
@@ -128,7 +122,7 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
                 # On the CPU these are the private tensors themselves (no copy); shared_param.grad
                 # was created in this process, so it is this worker's, not shared.
                 shared_param.grad = None if param.grad is None else param.grad.to(shared_param.device)
-            clip_and_step(optimizer, setup.args.clip)
+            clip_and_step(optimizer, setup.config.clip)
             # .item() costs no extra sync on CUDA: copying the gradients back already waited.
             results.put(("step", setup.rank, loss.item(), batch.n_tokens))
         results.put(("done", setup.rank))
@@ -144,30 +138,21 @@ def _next_command(commands: mp.Queue) -> EpochCommand | None:
                 return None
 
 
-def _crash_hook(rank: int) -> None:
-    """Test hook: fail as ``REVNMT_TEST_CRASH_WORKER`` says (nothing when it is unset)."""
-    target, _, how = os.environ.get(CRASH_HOOK, "").partition(":")
-    if target == str(rank):
-        if how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"{CRASH_HOOK}={target}: injected failure")
-
-
 # ---------------------------------------------------------------------- the main process's side
 
 class WorkerPool:
     """The worker processes of a Hogwild run and the main process's ends of their queues."""
 
-    def __init__(self, args: argparse.Namespace, shared: Seq2Seq, train: EncodedDataset,
+    def __init__(self, config: TrainingConfig, shared: Seq2Seq, train: EncodedDataset,
                  sampler: BatchSampler) -> None:
         # spawn: CUDA cannot be used in forked children, and fork risks deadlocks (threads, locks).
         context = mp.get_context("spawn")
-        threads = max(1, torch.get_num_threads() // args.hogwild)  # the cores (or OMP_NUM_THREADS), split
+        threads = max(1, torch.get_num_threads() // config.hogwild)  # the cores (or OMP_NUM_THREADS), split
         self.results = context.Queue()
-        self.commands = [context.Queue() for _ in range(args.hogwild)]
+        self.commands = [context.Queue() for _ in range(config.hogwild)]
         self.processes = []
-        for rank, device in enumerate(worker_devices(args)):
-            setup = WorkerSetup(rank, args.hogwild, device, threads, args, train, sampler)
+        for rank, device in enumerate(worker_devices(config)):
+            setup = WorkerSetup(rank, config.hogwild, device, threads, config, train, sampler)
             process = context.Process(target=_worker, args=(setup, shared, self.commands[rank], self.results),
                                       name=f"hogwild-{rank}", daemon=True)
             process.start()
@@ -239,9 +224,8 @@ class WorkerPool:
 class HogwildTrainer(Trainer):
     """A Trainer whose epochs are trained by ``--hogwild`` worker processes on shared weights."""
 
-    def __init__(self, args: argparse.Namespace, data: TrainingData, model: Seq2Seq, save_dir: Path,
-                 plan: BudgetPlan | None = None) -> None:
-        super().__init__(args, data, model, save_dir, plan)
+    def __init__(self, config: RunConfig, data: TrainingData, model: Seq2Seq, plan: BudgetPlan | None = None) -> None:
+        super().__init__(config, data, model, plan)
         # The master weights live in shared host memory. On the CPU they are the very model the
         # main process validates and saves; on a GPU that model is a copy, refreshed every epoch.
         self.shared = model if self.device.type == "cpu" else copy.deepcopy(model).cpu()
@@ -251,16 +235,16 @@ class HogwildTrainer(Trainer):
     def train(self) -> str:
         """Start the workers, train as Trainer.train does, stop them (at once if training failed)."""
         _copy_weights(self.model, self.shared)  # weights restored from a checkpoint
-        with WorkerPool(self.args, self.shared, self.data.train, self.sampler) as self.pool:
+        with WorkerPool(self.config.training, self.shared, self.data.train, self.sampler) as self.pool:
             return super().train()
 
     def _train_epoch(self) -> bool:
-        args, state = self.args, self.state
+        cfg, state = self.config.training, self.state
         n_batches = len(self.sampler.batches(state.epoch))
         start = state.batch_in_epoch
-        end = n_batches if args.max_steps is None else min(n_batches, start + args.max_steps - state.step)
+        end = n_batches if cfg.max_steps is None else min(n_batches, start + cfg.max_steps - state.step)
         command = EpochCommand(state.epoch, start, end, current_lr(self.optimizer))
-        updates = [0] * args.hogwild
+        updates = [0] * cfg.hogwild
         with self.reporter.epoch(state.epoch, n_batches, start):
             for rank, loss, n_tokens in self.pool.run_epoch(command):
                 updates[rank] += 1

@@ -7,7 +7,6 @@ skips those already trained on, and makes the same updates as a run that was nev
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import time
@@ -19,13 +18,12 @@ import numpy as np
 import torch
 
 from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
-from revnmt.data import Batch, BatchSampler, make_batch, sorted_batches
+from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
 from revnmt.memory.budget import BudgetGuard, BudgetPlan
 from revnmt.model import Seq2Seq
 from revnmt.translator import Translator, evaluate
 
-from .data import TrainingData
-from .options import eval_batch_size
+from .config import RunConfig
 from .progress import StepReporter, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
 
@@ -89,24 +87,25 @@ class Validation:
 
 
 class Trainer:
-    """Trains ``model`` on ``data`` as ``args`` say, saving into ``save_dir``."""
+    """Trains ``model`` on ``data`` as ``config`` says, saving into its ``save_dir``."""
 
-    def __init__(self, args: argparse.Namespace, data: TrainingData, model: Seq2Seq, save_dir: Path,
-                 plan: BudgetPlan | None = None) -> None:
+    def __init__(self, config: RunConfig, data: TrainingData, model: Seq2Seq, plan: BudgetPlan | None = None) -> None:
         """``plan`` (from ``--memory-budget``) replaces the batch options."""
-        self.args, self.data, self.model, self.save_dir, self.plan = args, data, model, save_dir, plan
-        self.optimizer = build_optimizer(args, model.parameters())
-        self.scheduler = build_scheduler(args, self.optimizer)
+        cfg = config.training
+        self.config, self.data, self.model, self.plan = config, data, model, plan
+        self.save_dir = Path(cfg.save_dir)
+        self.optimizer = build_optimizer(cfg, model.parameters())
+        self.scheduler = build_scheduler(cfg, self.optimizer)
         self.state = TrainerState()
-        batch_tokens, batch_size = (plan.batch_tokens, None) if plan else (args.batch_tokens, args.batch_size)
+        batch_tokens, batch_size = (plan.batch_tokens, None) if plan else (cfg.batch_tokens, cfg.batch_size)
         self.sampler = BatchSampler(data.train.lengths, batch_tokens=batch_tokens, batch_size=batch_size,
-                                    shuffle=True, seed=args.seed)
+                                    shuffle=True, seed=cfg.seed)
         self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
         self.device = next(model.parameters()).device
         # With a budget, every step's measured peak is checked against it (and the log shows both).
         self.guard = BudgetGuard(plan, self.device) if plan else None
-        self.reporter = StepReporter(args.log_every, logger, self._memory_line)
-        self.eval_batch_size = plan.eval_batch_size if plan else eval_batch_size(args)
+        self.reporter = StepReporter(cfg.log_every, logger, self._memory_line)
+        self.eval_batch_size = plan.eval_batch_size if plan else cfg.eval_batch_size
         # Each update trains batch ``rank`` of a group of ``world_size`` consecutive batches, one per
         # process (DistributedTrainer); a single process trains every batch.
         self.rank, self.world_size = 0, 1
@@ -127,7 +126,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "trainer": asdict(self.state),
             "rng": rng_state(),
-            "args": vars(self.args),
+            "args": self.config.options(),
             "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()},
         }
 
@@ -153,15 +152,15 @@ class Trainer:
 
     def stop_reason(self) -> str | None:
         """Why training is over, or None while it is not."""
-        args, state = self.args, self.state
-        if args.max_steps is not None and state.step >= args.max_steps:
-            return f"reached --max-steps {args.max_steps}"
-        if state.epoch > args.epochs:
-            return f"completed --epochs {args.epochs}"
-        if state.bad_epochs >= args.patience:
-            return f"no dev BLEU improvement in {state.bad_epochs} epochs (--patience {args.patience})"
-        if current_lr(self.optimizer) < args.min_lr:
-            return f"learning rate {current_lr(self.optimizer):.2e} is below --min-lr {args.min_lr:g}"
+        cfg, state = self.config.training, self.state
+        if cfg.max_steps is not None and state.step >= cfg.max_steps:
+            return f"reached --max-steps {cfg.max_steps}"
+        if state.epoch > cfg.epochs:
+            return f"completed --epochs {cfg.epochs}"
+        if state.bad_epochs >= cfg.patience:
+            return f"no dev BLEU improvement in {state.bad_epochs} epochs (--patience {cfg.patience})"
+        if current_lr(self.optimizer) < cfg.min_lr:
+            return f"learning rate {current_lr(self.optimizer):.2e} is below --min-lr {cfg.min_lr:g}"
         return None
 
     def train(self) -> str:
@@ -186,7 +185,7 @@ class Trainer:
 
     def _train_epoch(self) -> bool:
         """Train on the rest of the current epoch; False if ``--max-steps`` cut it short."""
-        args, state = self.args, self.state
+        cfg, state = self.config.training, self.state
         batches = self.sampler.batches(state.epoch)
         # With several processes the last len % world_size batches are left out: every process
         # must take part in every update (DistributedTrainer averages their gradients).
@@ -205,10 +204,10 @@ class Trainer:
                 state.train_tokens += n_tokens
                 state.train_s += time.monotonic() - tick
                 self.reporter.step(state.step, state.batch_in_epoch, loss, n_tokens, current_lr(self.optimizer))
-                if args.save_every and state.step % args.save_every == 0:
+                if cfg.save_every and state.step % cfg.save_every == 0:
                     self._save(best=False)
                 tick = time.monotonic()
-                if args.max_steps is not None and state.step >= args.max_steps:
+                if cfg.max_steps is not None and state.step >= cfg.max_steps:
                     break
         return state.batch_in_epoch == n_batches
 
@@ -234,7 +233,7 @@ class Trainer:
     def _update(self, parts: list[Batch]) -> torch.Tensor:
         """One optimizer step on the batch made of ``parts``; returns its summed loss."""
         loss = compute_gradients(self.model, parts)
-        clip_and_step(self.optimizer, self.args.clip)
+        clip_and_step(self.optimizer, self.config.training.clip)
         return loss
 
     # ------------------------------------------------------------------ validation
@@ -247,7 +246,7 @@ class Trainer:
             batch = make_batch(self.data.valid, indices).to(self.device)
             total += self.model.loss(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out).item()
             tokens += batch.n_tokens
-        hyps = self.translator.translate(self.data.valid_text.src, beam=self.args.valid_beam,
+        hyps = self.translator.translate(self.data.valid_text.src, beam=self.config.training.valid_beam,
                                          batch_size=self.eval_batch_size, progress=self.reporter.use_bar)
         scores = evaluate(hyps, self.data.valid_text.tgt, self.data.options)
         for line in scores.lines():

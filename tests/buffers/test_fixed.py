@@ -45,7 +45,8 @@ def test_checked_add_detects_wraparound():
         buffers.checked_add(-big - 1, torch.tensor([-10], dtype=torch.int32))
 
 
-@pytest.mark.parametrize("bits,m,zmin", [(1, 0.5, 512), (2, 0.75, 256), (3, 0.875, 128), (5, 0.96875, 32), (None, 1.0, 1)])
+@pytest.mark.parametrize("bits,m,zmin",
+                         [(1, 0.5, 512), (2, 0.75, 256), (3, 0.875, 128), (5, 0.96875, 32), (None, 1.0, 1)])
 def test_max_forgetting_map(bits, m, zmin):
     assert buffers.forget_multiplier(bits) == m
     assert buffers.min_forget_numerator(bits) == zmin

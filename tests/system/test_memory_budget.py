@@ -16,7 +16,7 @@ MiB = 2 ** 20
 # validation, the test set) is what a memory limit sees.
 _TRAIN_AND_REPORT = textwrap.dedent("""
     import sys
-    from revnmt.training import main
+    from revnmt.cli.train import main
     status = main(sys.argv[1:])
     hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print("peak", int(hwm.split()[1]) * 1024, flush=True)

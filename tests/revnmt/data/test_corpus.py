@@ -1,11 +1,10 @@
 import gzip
 import logging
-import os
 from pathlib import Path
 
 import pytest
 
-from revnmt.data import ParallelCorpus, atomic_write_bytes, load_parallel, read_lines
+from revnmt.data import ParallelCorpus, load_parallel, read_lines
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -107,25 +106,3 @@ def test_load_parallel_with_only_empty_pairs_is_an_error(tmp_path):
 def test_parallel_corpus_checks_alignment():
     with pytest.raises(ValueError):
         ParallelCorpus(src=["a"], tgt=[], name="x")
-
-
-def test_atomic_write_replaces_and_leaves_no_temp_file(tmp_path):
-    path = tmp_path / "f.bin"
-    path.write_bytes(b"old")
-    atomic_write_bytes(path, b"new")
-    assert path.read_bytes() == b"new"
-    assert os.listdir(tmp_path) == ["f.bin"]
-
-
-def test_atomic_write_failure_keeps_the_old_file(tmp_path, monkeypatch):
-    path = tmp_path / "f.bin"
-    path.write_bytes(b"old")
-
-    def broken_replace(src, dst):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError, match="disk full"):
-        atomic_write_bytes(path, b"new")
-    assert path.read_bytes() == b"old"
-    assert os.listdir(tmp_path) == ["f.bin"]

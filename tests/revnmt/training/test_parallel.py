@@ -1,23 +1,25 @@
 """Parallel training on the CPU: Hogwild! worker processes, and torch.distributed ranks started by torchrun."""
 
-import argparse
 import logging
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from revnmt.checkpoint import load_checkpoint
-from revnmt.model import ModelConfig, Seq2Seq
-from revnmt.training import main
-from revnmt.training.data import load_data
+from revnmt.model import Seq2Seq
+from revnmt.cli.train import main
+from revnmt.data import load_data
+from revnmt.training import HogwildTrainer, RunConfig, Trainer, WorkerError
 from revnmt.training.distributed import state_digest
-from revnmt.training.hogwild import CRASH_HOOK
-from revnmt.training.trainer import Trainer
 from revnmt.translator import Translator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,11 +28,12 @@ FAST = ["--lr", "0.02"]  # large enough steps for the dev loss to fall clearly w
 
 def _untrained_dev_loss(checkpoint: dict, tmp_path: Path) -> tuple[float, dict]:
     """Dev loss and weights of the model the run started from (same options, same seed)."""
-    args = argparse.Namespace(**checkpoint["args"])
-    data = load_data(args, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
-    torch.manual_seed(args.seed)
-    model = Seq2Seq(ModelConfig(**checkpoint["model_config"]))
-    return Trainer(args, data, model, tmp_path).evaluate().loss, model.state_dict()
+    config = RunConfig.from_checkpoint(checkpoint)
+    config = replace(config, training=replace(config.training, save_dir=str(tmp_path)))
+    data = load_data(config.data, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    torch.manual_seed(config.training.seed)
+    model = Seq2Seq(config.model)
+    return Trainer(config, data, model).evaluate().loss, model.state_dict()
 
 
 def _translates(run: Path) -> None:
@@ -56,20 +59,51 @@ def test_hogwild_workers_share_the_updates_and_the_loss_falls(train, tmp_path):
     _translates(run)
 
 
-def test_failing_or_killed_hogwild_worker_stops_the_run_and_keeps_last_checkpoint(train, tmp_path, monkeypatch,
-                                                                                    caplog):
+class RaisingInWorker1(Seq2Seq):
+    """Trains as Seq2Seq, except in Hogwild worker 1 (whose private model is of the shared model's
+    class), where every step raises."""
+
+    def train_step(self, *args, **kwargs):
+        if mp.current_process().name == "hogwild-1":
+            raise RuntimeError("injected failure")
+        return super().train_step(*args, **kwargs)
+
+
+class KilledInWorker1(Seq2Seq):
+    """Trains as Seq2Seq, except that Hogwild worker 1 is killed (SIGKILL) at its first step."""
+
+    def train_step(self, *args, **kwargs):
+        if mp.current_process().name == "hogwild-1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().train_step(*args, **kwargs)
+
+
+def test_failing_or_killed_hogwild_worker_stops_the_run_and_keeps_last_checkpoint(train, tmp_path):
     run = tmp_path / "crash"
     assert train(run, "--max-steps", "1") == 0  # a good last.pt, from one process (Hogwild resumes it)
     saved = (run / "last.pt").read_bytes()
-    for hook, message in (("1", r"Hogwild worker 1 failed:\nTraceback .*RuntimeError: "
-                                r"REVNMT_TEST_CRASH_WORKER=1: injected failure"),
-                          ("1:kill", r"Hogwild worker 1 \(pid \d+\) was killed by SIGKILL")):
-        monkeypatch.setenv(CRASH_HOOK, hook)
-        caplog.clear()
-        with caplog.at_level(logging.ERROR):
-            assert train(run, "--hogwild", "2", "--max-steps", "5") == 1
-        assert re.search(message, caplog.text, re.DOTALL), caplog.text
+    checkpoint = load_checkpoint(run / "last.pt")
+    config = RunConfig.from_checkpoint(checkpoint)
+    config = replace(config, training=replace(config.training, hogwild=2, max_steps=5))
+    data = load_data(config.data, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    for model_class, message in ((RaisingInWorker1, r"(?s)Hogwild worker 1 failed:\nTraceback .*RuntimeError: "
+                                                    r"injected failure"),
+                                 (KilledInWorker1, r"Hogwild worker 1 \(pid \d+\) was killed by SIGKILL")):
+        trainer = HogwildTrainer(config, data, model_class(config.model))
+        trainer.restore(checkpoint)
+        with pytest.raises(WorkerError, match=message):
+            trainer.train()
         assert (run / "last.pt").read_bytes() == saved
+
+
+def test_a_worker_failure_is_logged_and_exits_with_status_1(train, tmp_path, monkeypatch, caplog):
+    def fail(self):
+        raise WorkerError("Hogwild worker 1 failed: injected")
+
+    monkeypatch.setattr(HogwildTrainer, "train", fail)
+    with caplog.at_level(logging.ERROR):
+        assert train(tmp_path / "run", "--hogwild", "2") == 1
+    assert "Hogwild worker 1 failed: injected" in caplog.text
 
 
 def test_hogwild_options_are_checked(tmp_path, monkeypatch, capsys):

@@ -4,12 +4,10 @@ import logging
 import torch
 
 from revnmt.checkpoint import load_checkpoint
-from revnmt.data import Vocabulary, make_batch
+from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ModelConfig, Seq2Seq
-from revnmt.training.data import load_data
-from revnmt.training.options import parse_args
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
@@ -138,8 +136,7 @@ def test_memory_budget_too_small_for_the_model_stops_with_what_it_needs(train, t
 def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy):
     # After a step over the budget, batches above plan.step_tokens train in parts; the gradients of
     # the parts add up to the whole batch's.
-    data = load_data(parse_args(["--train", toy["train"], "--valid", toy["valid"], "--save-dir", "x",
-                                 "--min-freq", "1"]))
+    data = load_data(DataConfig(train=toy["train"], valid=toy["valid"], min_freq=1))
     torch.manual_seed(0)
     model = Seq2Seq(ModelConfig(rnn="gru", emb_dim=16, hidden_size=16, attention="hidden", dropout=0.0,
                                 src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)))

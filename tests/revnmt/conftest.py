@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from revnmt.training import main
+from revnmt.cli.train import main
 
 LEXICON = {"a": "ein", "the": "der", "man": "mann", "dog": "hund", "cat": "katze", "runs": "läuft",
            "sleeps": "schläft", "in": "in", "on": "auf", "park": "park", "street": "straße", "big": "großer",

@@ -1,6 +1,6 @@
-"""python -m revnmt.memory: how much activation memory a model saves, on real batches.
+"""revnmt-memory: how much activation memory a model saves, on real batches.
 
-    python -m revnmt.memory [train.py's data and model options] [--checkpoint RUN] [--batches N] [--json FILE]
+    revnmt-memory [revnmt-train's data and model options] [--checkpoint RUN] [--batches N] [--json FILE]
 
 With ``--checkpoint`` the trained model's gates (and its vocabularies and options) are used:
 forgetting depends on the learned gates, so that is the figure to report.
@@ -13,51 +13,53 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import BatchSampler, make_batch
+from revnmt.data import BatchSampler, load_data, make_batch
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import format_report, memory_report, ordinary_counterpart
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import Seq2Seq
-from revnmt.training.data import load_data
-from revnmt.training.options import (add_data_options, byte_size, add_model_options, model_config,
-                                     resolve_data_options)
+
+from .options import (add_data_options, add_model_options, byte_size, check_device, checked_model_config, data_config,
+                      default_device, model_config)
 
 logger = logging.getLogger("revnmt.memory")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m revnmt.memory", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_data_options(parser)
     add_model_options(parser)
     parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
                         "model, vocabularies and data options replace the model options (but --buffer-lanes)")
     parser.add_argument("--batches", type=int, default=20, help="training batches measured (default: 20)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the report to this file")
     parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE", help="also report the token batch "
                         "each model fits under this budget of peak memory (e.g. 2GiB; the process's RSS on CPU, "
-                        "the allocator's reserved memory on CUDA), as train.py --memory-budget chooses it")
+                        "the allocator's reserved memory on CUDA), as revnmt-train --memory-budget chooses it")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default="adam",
                         help="optimizer state counted by --memory-budget (default: adam)")
     args = parser.parse_args(argv)
-    args.test = None
-    resolve_data_options(parser, args)
     if args.batches < 1 or args.batch_size < 1:
         parser.error("--batches and --batch-size must be positive")
+    check_device(parser, args.device)
+    args.data_config = data_config(parser, args)
+    checked_model_config(parser, args, args.device)
     return args
 
 
 def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
     """The token batch the model and its ordinary counterpart each fit under ``--memory-budget``, as
-    train.py plans it, and the measured peak of one step on the costliest batch of each plan."""
+    revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan."""
     device = torch.device(args.device)
     report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
     for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
@@ -74,14 +76,16 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.memory_budget is not None:
-        track_freed_memory()  # as train.py --memory-budget runs
-    logging.basicConfig(level=logging.INFO, format="revnmt.memory: %(message)s", stream=sys.stderr)
+        track_freed_memory()  # as revnmt-train --memory-budget runs
+    prog = Path(sys.argv[0]).name
+    logging.basicConfig(level=logging.INFO, format=f"{prog}: %(message)s", stream=sys.stderr)
     torch.manual_seed(args.seed)
     try:
         state = load_checkpoint(resolve_checkpoint(args.checkpoint)) if args.checkpoint else None
+        data_config = args.data_config
         if state is not None:  # the checkpoint decides how text becomes ids
-            vars(args).update(lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
-        data = load_data(args, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
+            data_config = replace(data_config, lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
+        data = load_data(data_config, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
         if state is not None:
             # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
             # and so does --buffer-backend, which changes no result.
@@ -89,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = (Seq2Seq.from_checkpoint_state(state) if state is not None
                  else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
     except (OSError, ValueError, RuntimeError, KeyError) as error:
-        print(f"python -m revnmt.memory: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     if not model.cfg.reversible:
-        print("python -m revnmt.memory: error: --rnn must be revgru or revlstm; the report compares it "
+        print(f"{prog}: error: --rnn must be revgru or revlstm; the report compares it "
               "with the ordinary model of the same size", file=sys.stderr)
         return 2
     sampler = BatchSampler(data.train.lengths, batch_size=args.batch_size, seed=args.seed)
@@ -106,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report["budget"] = budget_report(model, args, data.train.lengths)
         except BudgetError as error:
-            print(f"python -m revnmt.memory: error: {error}", file=sys.stderr)
+            print(f"{prog}: error: {error}", file=sys.stderr)
             return 2
         budget = report["budget"]
         fits, peaks = budget["batch_tokens"], budget["measured_peak"]

@@ -1,0 +1,71 @@
+import json
+from dataclasses import FrozenInstanceError
+
+import pytest
+import torch
+
+from revnmt.cli.train import parse_args
+
+REQUIRED = ["--save-dir", "runs/x"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--rnn", "rnn"], "invalid choice: 'rnn'"),
+    (["--hidden-size", "15"], "--hidden-size must be even"),
+    (["--slice-dim", "200"], "--slice-dim must be in [1, hidden_size/2 = 150]"),
+    (["--max-forget-bits", "4"], "--max-forget-bits must be one of 1, 2, 3, 5 or none"),
+    (["--dropout", "1.0"], "--dropout must be in [0, 1)"),
+    (["--emb-dim", "0"], "emb_dim must be positive"),
+    (["--train", "data/train"], "--train and --valid go together"),
+    (["--data", "multi30k", "--train", "a", "--valid", "b"], "not both"),
+    (["--batch-size", "0"], "must be a positive integer"),
+    (["--lr", "-1"], "must be positive"),
+    (["--lr-decay", "1.5"], "--lr-decay must be in (0, 1)"),
+    (["--clip", "-1"], "--clip must be >= 0"),
+    (["--lr", "1e-6"], "--lr 1e-06 is below --min-lr 1e-05"),
+    (["--device", "gpu0"], "is not a torch device"),
+    (["--buffer-backend", "cudnn"], "invalid choice: 'cudnn'"),
+    (["--buffer-backend", "numba", "--device", "meta"], "--buffer-backend: the numba buffer backend runs on CPU only"),
+])
+def test_bad_options_are_usage_errors(options, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([*REQUIRED, *options])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert ": error: " in err and message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_a_gpu_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_args([*REQUIRED, "--device", "cuda"])
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_defaults_depend_on_data_and_optimizer():
+    config = parse_args(REQUIRED)
+    data, model, training = config.data, config.model, config.training
+    assert (data.data, data.lowercase, training.optimizer, training.lr, training.batch_size) == (
+        "multi30k", True, "adam", 1e-3, 64)
+    assert (model.rnn, model.attention, model.slice_dim, model.max_forget_bits) == ("revgru", "emb+slice", 20, 3)
+    config = parse_args([*REQUIRED, "--train", "t", "--valid", "v", "--optimizer", "sgd", "--batch-tokens", "2000",
+                         "--max-forget-bits", "none"])
+    assert (config.data.data, config.data.lowercase, config.training.lr, config.training.batch_size,
+            config.model.max_forget_bits) == (None, False, 1.0, None, None)
+    assert parse_args([*REQUIRED, "--no-lowercase"]).data.lowercase is False
+
+
+def test_the_run_config_is_frozen_and_records_every_option_by_its_name():
+    config = parse_args([*REQUIRED, "--hogwild", "2", "--epochs", "3"])
+    with pytest.raises(FrozenInstanceError):
+        config.training.epochs = 4  # library code cannot change what the user asked for
+    options = config.options()
+    assert options["hogwild"] == 2 and options["epochs"] == 3 and options["rnn"] == "revgru"
+    assert options["save_dir"] == "runs/x" and "src_vocab" not in options
+    json.dumps(options)  # config.json
+
+
+def test_resuming_compares_the_run_defining_options():
+    saved = parse_args([*REQUIRED, "--seed", "3"]).options()
+    assert parse_args([*REQUIRED, "--seed", "3", "--log-every", "7"]).changes_from(saved) == []
+    assert parse_args([*REQUIRED, "--seed", "4"]).changes_from(saved) == ["--seed 3 (now 4)"]
