@@ -65,9 +65,9 @@ for split, size in {"train": 400, "valid": 40}.items():
 PY
 tiny=(--train "$toy/train" --valid "$toy/valid" --emb-dim 32 --hidden-size 32 --slice-dim 4 --min-freq 1
       --batch-size 32 --epochs 2 --log-every 5 --device cuda)
-step hogwild "$py" train.py "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2
+step hogwild "$py" -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2
 step torchrun "$py" -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29517 \
-    train.py "${tiny[@]}" --save-dir "$out/runs/torchrun"
+    -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/torchrun"
 rm -rf "$out/runs" "$toy"  # checkpoints are large and prove nothing the logs do not
 
 summary=$(IFS=,; echo "{${results[*]}}")

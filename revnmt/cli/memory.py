@@ -29,12 +29,13 @@ from revnmt.model import Seq2Seq
 from .options import (add_data_options, add_model_options, byte_size, check_device, checked_model_config, data_config,
                       default_device, model_config)
 
+PROG = "revnmt-memory"
 logger = logging.getLogger("revnmt.memory")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_data_options(parser)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    add_data_options(parser, test_set=False)
     add_model_options(parser)
     parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
                         "model, vocabularies and data options replace the model options (but --buffer-lanes)")
@@ -77,8 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.memory_budget is not None:
         track_freed_memory()  # as revnmt-train --memory-budget runs
-    prog = Path(sys.argv[0]).name
-    logging.basicConfig(level=logging.INFO, format=f"{prog}: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     torch.manual_seed(args.seed)
     try:
         state = load_checkpoint(resolve_checkpoint(args.checkpoint)) if args.checkpoint else None
@@ -93,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = (Seq2Seq.from_checkpoint_state(state) if state is not None
                  else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
     except (OSError, ValueError, RuntimeError, KeyError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     if not model.cfg.reversible:
-        print(f"{prog}: error: --rnn must be revgru or revlstm; the report compares it "
+        print(f"{PROG}: error: --rnn must be revgru or revlstm; the report compares it "
               "with the ordinary model of the same size", file=sys.stderr)
         return 2
     sampler = BatchSampler(data.train.lengths, batch_size=args.batch_size, seed=args.seed)
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report["budget"] = budget_report(model, args, data.train.lengths)
         except BudgetError as error:
-            print(f"{prog}: error: {error}", file=sys.stderr)
+            print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2
         budget = report["budget"]
         fits, peaks = budget["batch_tokens"], budget["measured_peak"]

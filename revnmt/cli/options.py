@@ -61,15 +61,16 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
-def add_data_options(parser: argparse.ArgumentParser) -> None:
-    """The data options (``revnmt-train`` and ``revnmt-memory``)."""
+def add_data_options(parser: argparse.ArgumentParser, test_set: bool = True) -> None:
+    """The data options (``revnmt-train``; ``revnmt-memory`` reads no test set)."""
     data = parser.add_argument_group("data")
     data.add_argument("--data", choices=["multi30k"], help="a known data set (the default without --train)")
     data.add_argument("--data-dir", help="folder holding Multi30K (default: searched for, else downloaded)")
     data.add_argument("--train", metavar="PREFIX", help="training corpus PREFIX.SRC / PREFIX.TGT (plain or .gz)")
     data.add_argument("--valid", metavar="PREFIX", help="dev corpus, for loss, BLEU and early stopping")
-    data.add_argument("--test", metavar="PREFIX", help="test corpus translated with best.pt after training "
-                      "(Multi30K: test2016 by default)")
+    if test_set:
+        data.add_argument("--test", metavar="PREFIX", help="test corpus translated with best.pt after training "
+                          "(Multi30K: test2016 by default)")
     data.add_argument("--src", default="en", help="source language (file suffix and Moses rules)")
     data.add_argument("--tgt", default="de", help="target language")
     data.add_argument("--lowercase", action=argparse.BooleanOptionalAction,

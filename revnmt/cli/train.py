@@ -29,6 +29,7 @@ from revnmt.translator import Translator, evaluate
 from .options import (HelpFormatter, add_data_options, add_model_options, byte_size, check_device,
                       checked_model_config, data_config, default_device, device_ids, positive_float, positive_int)
 
+PROG = "revnmt-train"
 logger = logging.getLogger("revnmt.train")
 
 USAGE_ERROR = 2  # the exit status of argparse errors, used for every mistake in the command or data
@@ -38,7 +39,7 @@ TRAINING_FAILED = 1  # a Hogwild worker failed
 def build_parser() -> argparse.ArgumentParser:
     """The parser of revnmt-train (defaults: the paper's Multi30K setup, with Adam)."""
     parser = argparse.ArgumentParser(
-        description="Train an attention encoder-decoder with reversible (or ordinary) RNNs. "
+        prog=PROG, description="Train an attention encoder-decoder with reversible (or ordinary) RNNs. "
         "Running the same command again resumes from SAVE_DIR/last.pt.", formatter_class=HelpFormatter)
     add_data_options(parser)
     add_model_options(parser)
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_file, level = (save_dir / "train.log", logging.INFO) if job.is_main else (None, logging.WARNING)
     label = f"[rank {job.rank}] " if job.distributed else ""
     with logging_to(log_file, level, label), process_group(config.training.device, job) as device:
-        logger.info("train.py %s", " ".join(sys.argv[1:] if argv is None else argv))
+        logger.info("%s %s", PROG, " ".join(sys.argv[1:] if argv is None else argv))
         return _run(replace(config, training=replace(config.training, device=device)), job)
 
 

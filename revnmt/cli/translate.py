@@ -20,11 +20,12 @@ from revnmt.translator import Translator, evaluate
 
 from .options import check_device, default_device
 
+PROG = "revnmt-translate"
 logger = logging.getLogger("revnmt.translate")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
                         help="checkpoint file, or run directory (its best.pt)")
     parser.add_argument("-i", "--input", metavar="FILE",
@@ -54,8 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    prog = Path(sys.argv[0]).name
-    logging.basicConfig(level=logging.INFO, format=f"{prog}: %(levelname)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
         for option, path in (("--output", args.output), ("--json", args.json)):
             if path is not None and not Path(path).resolve().parent.is_dir():
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}")
     # Missing or unreadable files are the user's to fix: one line, no traceback.
     except (OSError, ValueError, RuntimeError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
 
     hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size, progress=sys.stderr.isatty(),

@@ -1,4 +1,5 @@
-"""train.py and translate.py as users run them: subprocesses, a tiny RevGRU, a few hundred pairs."""
+"""The console commands as users run them (installed by ``pip install -e .``, as scripts/setup.sh does):
+subprocesses, a tiny RevGRU, a few hundred pairs."""
 
 import json
 import random
@@ -33,9 +34,11 @@ def _write_corpus(folder: Path) -> Path:
     return folder
 
 
-def _run(script: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, input=stdin, capture_output=True,
-                          timeout=600)
+BIN = Path(sys.executable).parent  # the environment's console scripts
+
+
+def _run(command: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / command), *args], cwd=REPO, input=stdin, capture_output=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +52,20 @@ def test_train_resume_translate(corpus, tmp_path):
                "--lowercase", "--save-dir", str(run), "--rnn", "revgru", "--attention", "emb+slice", "--emb-dim", "32",
                "--hidden-size", "32", "--slice-dim", "8", "--min-freq", "1", "--batch-size", "32", "--test-beam", "2",
                "--device", "cpu"]
-    first = _run("train.py", *command, "--max-steps", "4")
+    first = _run("revnmt-train", *command, "--max-steps", "4")
     assert first.returncode == 0, first.stderr.decode()
     assert {p.name for p in run.iterdir()} == {"config.json", "src.vocab", "tgt.vocab", "last.pt", "best.pt",
                                                "train.log", "valid.tsv", "test.hyp", "test.json"}
     assert len((run / "test.hyp").read_text(encoding="utf-8").splitlines()) == SIZES["test"]
 
-    resumed = _run("train.py", *command, "--max-steps", "12")  # across the end of epoch 1 (10 batches)
+    resumed = _run("revnmt-train", *command, "--max-steps", "12")  # across the end of epoch 1 (10 batches)
     assert resumed.returncode == 0, resumed.stderr.decode()
     assert "resumed" in resumed.stderr.decode() and "validation after epoch 1, step 10" in resumed.stderr.decode()
     assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 12
     assert len((run / "valid.tsv").read_text().splitlines()) == 1 + 3  # header, steps 4, 10 and 12
 
     out = tmp_path / "test.hyp"
-    translated = _run("translate.py", "--checkpoint", str(run), "-i", str(corpus / "test.en"), "-o", str(out),
+    translated = _run("revnmt-translate", "--checkpoint", str(run), "-i", str(corpus / "test.en"), "-o", str(out),
                       "--reference", str(corpus / "test.de"), "--beam", "3", "--json", str(tmp_path / "scores.json"))
     assert translated.returncode == 0, translated.stderr.decode()
     assert len(out.read_text(encoding="utf-8").splitlines()) == SIZES["test"]
@@ -76,19 +79,29 @@ def test_train_resume_translate(corpus, tmp_path):
 
 def test_translate_reads_stdin_and_reports_bad_input(corpus, tmp_path):
     run = tmp_path / "run"
-    trained = _run("train.py", "--train", str(corpus / "train"), "--valid", str(corpus / "val"), "--save-dir",
+    trained = _run("revnmt-train", "--train", str(corpus / "train"), "--valid", str(corpus / "val"), "--save-dir",
                    str(run), "--emb-dim", "16", "--hidden-size", "16", "--slice-dim", "4", "--max-steps", "1",
                    "--device", "cpu")
     assert trained.returncode == 0, trained.stderr.decode()
 
     lines = b"A man.\n\n\xff\xfe broken bytes\r\nTwo dogs.\n"
-    translated = _run("translate.py", "--checkpoint", str(run / "last.pt"), "--beam", "1", "--replace-unk", stdin=lines)
+    translated = _run("revnmt-translate", "--checkpoint", str(run / "last.pt"), "--beam", "1", "--replace-unk",
+                      stdin=lines)
     assert translated.returncode == 0, translated.stderr.decode()
     outputs = translated.stdout.decode("utf-8").split("\n")
     assert len(outputs) == 4 + 1 and outputs[1] == "" and outputs[-1] == ""  # one line each, newline-terminated
     assert "stdin: invalid UTF-8 replaced by U+FFFD on 1 line(s): 3" in translated.stderr.decode()
 
     for args in (["--checkpoint", str(tmp_path / "nowhere")], ["--checkpoint", str(run), "-i", "missing.txt"]):
-        failed = _run("translate.py", *args, stdin=b"")
+        failed = _run("revnmt-translate", *args, stdin=b"")
         assert failed.returncode == 2
-        assert failed.stderr.decode().startswith("translate.py: error: ") and b"Traceback" not in failed.stderr
+        assert failed.stderr.decode().startswith("revnmt-translate: error: ") and b"Traceback" not in failed.stderr
+
+
+def test_every_command_answers_help_and_the_top_level_scripts_are_the_same_commands():
+    for command in ("revnmt-train", "revnmt-translate", "revnmt-memory"):
+        shown = _run(command, "--help")
+        assert shown.returncode == 0 and b"usage: " + command.encode() in shown.stdout, shown.stderr
+    for script, command in (("train.py", "revnmt-train"), ("translate.py", "revnmt-translate")):
+        shim = subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, timeout=120)
+        assert shim.returncode == 0 and shim.stdout == _run(command, "--help").stdout

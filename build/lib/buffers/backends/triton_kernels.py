@@ -1,0 +1,320 @@
+"""The triton backend: one Triton kernel per pushed or popped update, for CUDA.
+
+Each call is a single program that holds the live slab (all lane rows × lanes) in registers and
+walks the group's chunks in order, as the numba loops do: the overflow decision of a chunk is a
+reduction over the whole slab and changes what the next chunk sees, so the chunks of one group
+cannot run in parallel. The kernel also does what surrounds the buffer in an update: it quantizes
+the forget gate, rounds the additive term, takes the plain floor product of the stored columns,
+adds, and checks every int32 range, writing an error code to ``words.status`` instead of raising,
+so that nothing is read on the host per step. The stack height ``top`` stays on the device; the
+host sizes the stack from the proven bound (:mod:`buffers.words`).
+
+The arithmetic is integer and exact, so it is the same on any device; the tests run these kernels
+under ``TRITON_INTERPRET=1`` on CPU tensors and compare them bit for bit with the numba and torch
+backends, and compile them ahead of time for sm_80 and sm_90 (tests/buffers/test_triton_kernels.py).
+Triton's ``//`` and ``%`` truncate toward zero: every division here either has a non-negative
+dividend (buffer words, lane indices), where truncation is the floor, or is corrected (:func:`_floor_divmod`).
+
+Each kernel is registered as a torch custom op, so the dispatcher (and a ``TorchDispatchMode``
+counting launches) sees one op per update.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import fixed
+from .. import words as wordstack
+from . import BufferBackend
+
+# Kernels may read module globals only as constexprs.
+FORGET_ONE = tl.constexpr(fixed.FORGET_ONE)
+FORGET_RADIX = tl.constexpr(fixed.FORGET_RADIX)
+HIDDEN_SCALE = tl.constexpr(float(1 << fixed.HIDDEN_RADIX))
+INT32_MIN = tl.constexpr(fixed.INT32_MIN)
+INT32_MAX = tl.constexpr(fixed.INT32_MAX)
+WORD_LIMIT = tl.constexpr(wordstack.WORD_LIMIT)
+TERM_OVERFLOW = tl.constexpr(wordstack.TERM_OVERFLOW)
+STATE_OVERFLOW = tl.constexpr(wordstack.STATE_OVERFLOW)
+OUT_OF_RANGE = tl.constexpr(wordstack.OUT_OF_RANGE)
+
+_ELEMENT_BLOCK = 1024  # elements per iteration over the stored columns
+
+
+@triton.jit
+def _floor_divmod(a, z):
+    """Floor quotient and non-negative remainder of ``a`` by ``z`` > 0 (Triton's ``//`` truncates)."""
+    q = a // z
+    r = a % z
+    neg = r < 0
+    return tl.where(neg, q - 1, q), tl.where(neg, r + z, r)
+
+
+@triton.jit
+def _rint(x):
+    """Round half to even, as torch.round and numpy.rint: exact for any float64, NaN stays NaN."""
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+
+
+@triton.jit
+def _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs,
+                 min_numerator, GATES: tl.constexpr):
+    """Row b, column col of an update: (live row, z*, fixed-point u, where u left int32, h as int64).
+
+    With GATES, z and u are floats: z* = round(z·2^R_Z) clamped to [min_numerator, 2^R_Z] and
+    u = round(u·2^23), 0 on padded rows (as buffers.fixed.quantize_forget and to_fixed). Without,
+    z holds numerators the caller checked and there is no additive term.
+    """
+    live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
+    hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
+    if GATES:
+        q = _rint(tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=1.0).to(tl.float64) * FORGET_ONE)
+        q = tl.where(q >= min_numerator, q, min_numerator)  # written so that NaN takes the minimum
+        zq = tl.where(q > FORGET_ONE, FORGET_ONE, q).to(tl.int64)
+        v = _rint(tl.load(u_ptr + b * u_rs + col * u_cs, mask=valid, other=0.0).to(tl.float64) * HIDDEN_SCALE)
+        bad_term = valid & ~(tl.abs(v + 0.5) <= INT32_MAX + 0.5)  # "not <=" so that NaN counts as out of range
+        ui = tl.where(bad_term | ~live, 0.0, v).to(tl.int64)
+    else:
+        zq = tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=FORGET_ONE).to(tl.int64)
+        bad_term = tl.zeros_like(valid)
+        ui = tl.zeros_like(zq)
+    return live, zq, ui, bad_term, hv
+
+
+@triton.jit
+def _outside_int32(value, valid):
+    return valid & ((value < INT32_MIN) | (value > INT32_MAX))
+
+
+@triton.jit
+def _record(status, bad, code):
+    """The error code so far, raised to ``code`` where any of ``bad`` is set (codes: buffers.words)."""
+    return tl.maximum(status, tl.max(tl.where(bad, code, 0), axis=0))
+
+
+@triton.jit
+def _stored_columns(start, batch, stored, ELEMENT_BLOCK: tl.constexpr):
+    """A block of the stored columns, read row after row from element ``start``: (valid, row, column)."""
+    e = start + tl.arange(0, ELEMENT_BLOCK)
+    return e < batch * stored, e // stored, e % stored
+
+
+@triton.jit
+def _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored):
+    """Where lane ``lane`` takes its column of chunk ``c``: (valid, row, column of [batch, width]).
+
+    The buffered columns of all rows, read row after row, are folded onto the lane rows: lane
+    (r, k) of chunk c takes folded column j = c·lanes + k of lane row r, element r·folded_width + j of
+    that order, which is row b, column stored + (that % buffered). All values are non-negative.
+    """
+    r = lane // lanes
+    j = c * lanes + lane % lanes
+    valid = lane_ok & (j < folded_width)
+    flat = r * folded_width + j
+    return valid, flat // buffered, stored + flat % buffered
+
+
+@triton.jit
+def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
+                 curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
+                 batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
+                 GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """h ← z·h + u for one update: the stored columns by the floor product, the rest through the buffer."""
+    status = 0
+    # The stored columns: elementwise, no buffer.
+    for start in range(0, batch * stored, ELEMENT_BLOCK):
+        ok, b, col = _stored_columns(start, batch, stored, ELEMENT_BLOCK)
+        live, zq, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
+                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
+        bad = _outside_int32(value, ok)
+        tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=ok)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+
+    # The buffered columns, chunk after chunk onto the live slab.
+    slab = lane_rows * lanes
+    lane = tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < slab
+    buffered = width - stored
+    folded_width = batch * buffered // lane_rows
+    cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
+    top = tl.load(top_ptr)
+    lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
+    for c in range(0, tl.cdiv(folded_width, lanes)):
+        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+        live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
+                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        active = valid & live
+        # All lanes grow together when any active lane's live word could overflow (see words.py).
+        overflow = tl.max(tl.where(active & (cur >= WORD_LIMIT), 1, 0), axis=0) > 0
+        tl.store(stack_ptr + top * slab + lane, cur, mask=tl.where(overflow, lane_ok, False))
+        cur = tl.where(overflow, 0, cur)
+        top += overflow.to(tl.int64)
+        tl.store(flags_ptr + first_flag + c, overflow)
+        # Algorithm 1 (buffers.multiply.mul_exact); b1 ≥ 0 and z* > 0, so // and % are the floor ones.
+        b1 = cur * FORGET_ONE + (hv & (FORGET_ONE - 1))
+        value = tl.where(active, (hv >> FORGET_RADIX) * zq + b1 % zq, hv) + ui
+        cur = tl.where(active, b1 // zq, cur)
+        bad = _outside_int32(value, valid)
+        tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=valid)
+        lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+    tl.store(curr_ptr + lane, cur, mask=lane_ok)
+    tl.store(top_ptr, top)
+    tl.store(lost_ptr, tl.sum(lost, axis=0))
+    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+
+
+@triton.jit
+def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
+                curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
+                GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """The exact inverse of :func:`_push_kernel`, but for the stored columns, which get h − u."""
+    status = 0
+    for start in range(0, batch * stored, ELEMENT_BLOCK):
+        ok, b, col = _stored_columns(start, batch, stored, ELEMENT_BLOCK)
+        _, _, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs,
+                                              mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        before = hv - ui
+        bad = _outside_int32(before, ok)
+        tl.store(out_ptr + b * width + col, tl.where(bad, 0, before).to(tl.int32), mask=ok)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+
+    slab = lane_rows * lanes
+    lane = tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < slab
+    buffered = width - stored
+    folded_width = batch * buffered // lane_rows
+    chunks = tl.cdiv(folded_width, lanes)
+    cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
+    top = tl.load(top_ptr)
+    for back in range(0, chunks):
+        c = chunks - 1 - back
+        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+        live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
+                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        active = valid & live
+        before = hv - ui
+        bad = _outside_int32(before, valid)
+        before = tl.where(bad, 0, before)
+        # The inverse of Algorithm 1 (buffers.multiply.div_exact); ``before`` may be negative.
+        q, r = _floor_divmod(before, zq)
+        b1 = cur * zq + r
+        value = tl.where(active, q * FORGET_ONE + (b1 & (FORGET_ONE - 1)), before)
+        cur = tl.where(active, b1 >> FORGET_RADIX, cur)
+        tl.store(out_ptr + b * width + col, value.to(tl.int32), mask=valid)
+        # Undo this chunk's slab push, if it made one.
+        overflow = tl.load(flags_ptr + first_flag + c) != 0
+        below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
+        cur = tl.where(overflow, below, cur)
+        top -= overflow.to(tl.int64)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+        status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
+    tl.store(curr_ptr + lane, cur, mask=lane_ok)
+    tl.store(top_ptr, top)
+    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+
+
+#: Compiler options every launch pins. No contraction of a·b + c into an FMA: the kernels' float
+#: arithmetic (scaling by powers of two, rounding) is exact either way, but what a kernel computes must
+#: not depend on a Triton default, which changes in 3.10.
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
+
+
+def launch_options(lanes: int) -> dict:
+    """Constexprs and launch options for a slab of ``lanes`` lanes (one program holds them all)."""
+    block = triton.next_power_of_2(lanes)
+    return dict(LANE_BLOCK=block, ELEMENT_BLOCK=_ELEMENT_BLOCK, num_warps=max(4, min(16, block // 256)),
+                **COMPILE_OPTIONS)
+
+
+@torch.library.custom_op("revnmt_buffers::triton_push", mutates_args=("out", "curr", "stack", "top", "flags",
+                                                                       "status", "lost"))
+def _push_op(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
+             curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
+             lost: torch.Tensor, lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int,
+             gates: bool) -> None:
+    _push_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
+                       status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1],
+                       first_flag, min_numerator, GATES=gates, **launch_options(curr.numel()))
+
+
+@torch.library.custom_op("revnmt_buffers::triton_pop", mutates_args=("out", "curr", "stack", "top", "flags",
+                                                                      "status"))
+def _pop_op(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
+            curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
+            stored: int, first_flag: int, min_numerator: int, gates: bool) -> None:
+    _pop_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
+                      status, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1], first_flag, min_numerator,
+                      GATES=gates, **launch_options(curr.numel()))
+
+
+def _strided(t: torch.Tensor) -> tuple:
+    """A [rows, columns] tensor as the kernels take it: itself, its row stride, its column stride.
+    Strides, not a contiguous copy: the gates arrive as column slices of one activation tensor."""
+    return t, t.stride(0), t.stride(1)
+
+
+@functools.lru_cache(maxsize=None)
+def _lost_table(device: torch.device) -> torch.Tensor:
+    """R_Z − log2 z* for every numerator z* (index 0 unused), as the numba loops look it up."""
+    z = torch.arange(fixed.FORGET_ONE + 1, dtype=torch.float64).clamp(min=1)
+    return (fixed.FORGET_RADIX - torch.log2(z)).to(device)
+
+
+class TritonBackend(BufferBackend):
+    """One kernel launch per update (``push_update``/``pop_update``) or per group (``push_mul``/``pop_div``)."""
+
+    name = "triton"
+
+    def __init__(self, lanes: int) -> None:
+        if lanes > tl.TRITON_MAX_TENSOR_NUMEL:
+            raise ValueError(f"the triton buffer backend holds all {lanes} lanes of a buffer (batch x lanes per row) "
+                             f"in one program, at most {tl.TRITON_MAX_TENSOR_NUMEL}: use a smaller batch or fewer "
+                             "--buffer-lanes")
+
+    def push_mul(self, words, h, zl, active, first_flag):
+        return self._push(words, h, zl, zl, _lanes_mask(h, active), 0, first_flag, gates=False)
+
+    def pop_div(self, words, h, zl, active, first_flag):
+        return self._pop(words, h, zl, zl, _lanes_mask(h, active), 0, first_flag, gates=False)
+
+    def push_update(self, words, h, z, u, mask, stored, first_flag):
+        return self._push(words, h, z.detach(), u.detach(), mask[:, None].expand_as(h), stored, first_flag,
+                          gates=True)
+
+    def pop_update(self, words, h, z, u, mask, stored, first_flag):
+        return self._pop(words, h, z.detach(), u.detach(), mask[:, None].expand_as(h), stored, first_flag,
+                         gates=True)
+
+    @staticmethod
+    def _push(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
+        out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        lost = torch.empty((), dtype=torch.float64, device=h.device)
+        _push_op(h, z, u, mask, out, words.curr, words.stack, words.top,
+                 words.flags, words.status, lost, _lost_table(h.device), stored, first_flag, words.min_numerator,
+                 gates)
+        return out, lost
+
+    @staticmethod
+    def _pop(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
+        out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        _pop_op(h, z, u, mask, out, words.curr, words.stack, words.top,
+                words.flags, words.status, stored, first_flag, words.min_numerator, gates)
+        return out
+
+
+def _lanes_mask(h: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    """The active lanes as a [rows, width] bool tensor (a broadcast view when all are)."""
+    if active is None:
+        return torch.ones((1, 1), dtype=torch.bool, device=h.device).expand_as(h)
+    return active
+

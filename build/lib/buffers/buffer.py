@@ -1,0 +1,215 @@
+"""The information buffer: where a reversible RNN keeps the bits that forgetting destroys.
+
+:class:`InformationBuffer` is the front: it checks arguments, keeps the stack large enough and the
+pops in mirror order (:class:`~buffers.words.WordStack`, where the layout is described), and hands
+the arithmetic to a backend (:mod:`buffers.backends`: compiled CPU loops, tensor ops, or Triton
+kernels), chosen once, by argument, when the buffer is made. All backends give the same words and
+states bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends
+from .fixed import FORGET_ONE
+from .words import BAD_NUMERATOR, BufferError, WordStack, numerator_message
+
+
+class InformationBuffer:
+    """Stacks of int64 words, one per (batch row, unit) lane, for exactly reversible multiplication.
+
+    Args:
+        batch: rows of every tensor pushed.
+        units: lanes per row. A state group narrower than this uses the first lanes, a wider one
+            is folded onto them, so groups of any width can share one buffer.
+        device: where the words live.
+        max_bits: the most bits a push may forget (z* ≥ 2^(R_Z − max_bits)); ``None`` for R_Z.
+            A tighter limit lets the host read the stack height less often. Numerators below it are rejected.
+        backend: ``"auto"`` (numba on CPU; triton on CUDA where importable, else torch), ``"numba"``,
+            ``"torch"`` or ``"triton"``; see :mod:`buffers.backends`. Same results bit for bit.
+        share_rows: fold every row's columns, row after row, onto all ``batch × units`` lanes
+            together instead of each row onto its own ``units`` lanes. Every lane then takes
+            columns of many rows and fills at about the batch's mean rate, where a lane of its own
+            fills at its row's: rows that forget more, or fewer that end early (padding), no
+            longer set the height of the whole stack. Same memory layout, same words.
+        eager_checks: raise bad input at once, reading an error flag on the host after every call
+            (default on CPU, where that costs nothing), or keep it on the device until the next host
+            read that the stack needs anyway, or :meth:`check` (default elsewhere: a read per call
+            would stall CUDA every time step).
+    """
+
+    def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
+                 max_bits: int | None = None, backend: str = "auto", share_rows: bool = False,
+                 eager_checks: bool | None = None) -> None:
+        if batch < 1 or units < 1:
+            raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.backend = backends.create(backend, self.device, batch * units)
+        self.batch, self.units, self.share_rows, self.max_bits = batch, units, share_rows, max_bits
+        eager = self.device.type == "cpu" if eager_checks is None else eager_checks
+        self.words = WordStack(batch, units, self.device, max_bits, share_rows, eager)
+
+    # ------------------------------------------------------------------ the update (the per-step API)
+
+    def push_update(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
+                    stored: int = 0) -> torch.Tensor:
+        """h ← z·h + u, exactly reversible, in one backend call.
+
+        The same bit for bit as ``quantize_forget``, ``to_fixed``, :meth:`push_mul` and
+        ``checked_add`` in turn. ``h`` is int32 [batch, w]; ``z`` (the forget gate, in [0, 1]) and
+        ``u`` (the additive term) are floats of that shape; ``mask`` bool [batch] leaves padded
+        rows unchanged, in h and in the buffer. The first ``stored`` columns are kept exactly
+        elsewhere (e.g. an attention slice): they take the plain floor product and skip the buffer.
+        """
+        self._check_update("push_update", h, z, u, mask, stored)
+        words = self.words
+        widths = words.update_widths(h.shape[1], stored)
+        words.reserve(len(widths))
+        out, lost = self.backend.push_update(words, h, z, u, mask, stored, words.pushes)
+        if widths:
+            words.record_push(widths, lost)
+        words.after_call()
+        return out
+
+    def pop_update(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
+                   stored: int = 0) -> torch.Tensor:
+        """The exact inverse of the matching :meth:`push_update`, but for the first ``stored`` columns,
+        which hold h − u: the caller restores them from where they were kept."""
+        self._check_update("pop_update", h, z, u, mask, stored)
+        words = self.words
+        widths = words.update_widths(h.shape[1], stored)
+        words.check_pop(widths)
+        out = self.backend.pop_update(words, h, z, u, mask, stored, words.pushes - len(widths))
+        if widths:
+            words.record_pop(widths)
+        words.after_call()
+        return out
+
+    # ------------------------------------------------------------------ Algorithm 1 on numerators
+
+    def push_mul(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Return h·z/2^R_Z (int32), storing the bits the product loses.
+
+        ``h`` is int32 [batch, w], ``z`` integer numerators of the same shape in
+        [min_numerator, 2^R_Z], ``mask`` bool [batch] or [batch, w]: False leaves a lane (padding)
+        bit-for-bit unchanged, in ``h`` and in the buffer. A group narrower than the buffer uses
+        its first lanes; a wider one is folded onto the lanes in chunks of ``units`` columns, one
+        push per chunk, so that few lanes fill whole words instead of many lanes holding a
+        mostly empty one each.
+        """
+        words = self.words
+        h, zl, active = self._folded("push_mul", h, z, mask)
+        widths = words.chunk_widths(h.shape[1])
+        words.reserve(len(widths))
+        out, lost = self.backend.push_mul(words, h, zl, active, words.pushes)
+        words.record_push(widths, lost)
+        words.after_call()
+        return out.reshape(self.batch, -1)
+
+    def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
+        words = self.words
+        h, zl, active = self._folded("pop_div", h, z, mask)
+        widths = words.chunk_widths(h.shape[1])
+        words.check_pop(widths)
+        out = self.backend.pop_div(words, h, zl, active, words.pushes - len(widths))
+        words.record_pop(widths)
+        words.after_call()
+        return out.reshape(self.batch, -1)
+
+    # ------------------------------------------------------------------ state and accounting
+
+    @property
+    def pushes(self) -> int:
+        """Pushes (one per chunk of lanes) not yet popped."""
+        return self.words.pushes
+
+    @property
+    def syncs(self) -> int:
+        """Host reads of the stack height so far (see :mod:`buffers.words`)."""
+        return self.words.syncs
+
+    def check(self) -> None:
+        """Raise bad input recorded on the device since the last check (one host read)."""
+        self.words.check()
+
+    def is_empty(self) -> bool:
+        """True when every push has been popped and every word is back to zero (one host sync)."""
+        return self.words.is_empty()
+
+    def word_count(self) -> int:
+        """Words per lane in use: the stacked ones plus the live one (one host sync)."""
+        return self.words.word_count()
+
+    def allocated_bits(self) -> int:
+        """Bits of information storage in use: every lane's words plus the overflow log.
+
+        This counts words that hold (or are ready to hold) forgotten bits; spare stack slots
+        allocated ahead of need are in :meth:`reserved_bits`. The overflow flags count 8 bits each (bytes).
+        """
+        return self.words.allocated_bits()
+
+    def reserved_bits(self) -> int:
+        """Bits of device memory the buffer's tensors occupy, spare capacity and bookkeeping included."""
+        return self.words.reserved_bits()
+
+    def optimal_bits(self) -> float:
+        """Σ −log2(z* / 2^R_Z) over active lanes of the pushes not yet popped: the information
+        the multiplications destroyed, hence the least any exact scheme must store."""
+        return self.words.optimal_bits()
+
+    # ------------------------------------------------------------------ argument checks
+
+    def _check_update(self, op: str, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
+                      stored: int) -> None:
+        if not isinstance(h, torch.Tensor) or h.dtype != torch.int32 or h.dim() != 2 or h.shape[0] != self.batch:
+            raise ValueError(f"{op}: h must be an int32 tensor [{self.batch}, width]")
+        if z.shape != h.shape or u.shape != h.shape or not (z.dtype.is_floating_point and u.dtype.is_floating_point):
+            raise ValueError(f"{op}: z and u must be float tensors of h's shape {list(h.shape)}")
+        if mask.dtype != torch.bool or mask.shape != (self.batch,):
+            raise ValueError(f"{op}: mask must be a bool tensor [{self.batch}]")
+        if not 0 <= stored <= h.shape[1]:
+            raise ValueError(f"{op}: stored must be in [0, {h.shape[1]}], got {stored}")
+        self._check_devices(op, h=h, z=z, u=u, mask=mask)
+
+    def _check_devices(self, op: str, **tensors: torch.Tensor) -> None:
+        for name, t in tensors.items():
+            if t.device != self.device:
+                raise ValueError(f"{op}: {name} is on {t.device} but the buffer is on {self.device}")
+
+    def _folded(self, op: str, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Checked arguments of push_mul/pop_div, folded onto the lane rows: h, z as int64 with padded
+        lanes set to 2^R_Z (a no-op, so padding needs no valid z), and the active lanes."""
+        if not isinstance(h, torch.Tensor) or h.dtype != torch.int32:
+            raise TypeError(f"{op}: h must be an int32 fixed-point tensor, got {getattr(h, 'dtype', type(h))}")
+        if not isinstance(z, torch.Tensor) or z.dtype.is_floating_point or z.dtype.is_complex or z.dtype == torch.bool:
+            raise TypeError(f"{op}: z must be an integer tensor of numerators, got {getattr(z, 'dtype', type(z))}")
+        if h.dim() != 2 or h.shape[0] != self.batch or h.shape[1] == 0:
+            raise ValueError(f"{op}: h must have shape [{self.batch}, width], got {list(h.shape)}")
+        if z.shape != h.shape:
+            raise ValueError(f"{op}: z must have the shape of h {list(h.shape)}, got {list(z.shape)}")
+        self._check_devices(op, h=h, z=z, **({} if mask is None else {"mask": mask}))
+        zl, active = z.long(), None
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"{op}: mask must be a bool tensor, got {mask.dtype}")
+            if mask.shape == (self.batch,):
+                mask = mask.unsqueeze(1)
+            elif mask.shape != h.shape:
+                raise ValueError(f"{op}: mask must have shape [{self.batch}] or {list(h.shape)}, "
+                                 f"got {list(mask.shape)}")
+            active = self.words.fold(mask.expand_as(h))
+            zl = torch.where(mask, zl, FORGET_ONE)
+        bad = (zl < self.words.min_numerator) | (zl > FORGET_ONE)
+        if self.words.eager_checks:
+            if bool(bad.any()):  # before anything is pushed: a rejected call changes nothing
+                raise ValueError(numerator_message(self.words.min_numerator))
+        else:
+            self.words.record_error(bad, BAD_NUMERATOR)
+        zl = zl.clamp(self.words.min_numerator, FORGET_ONE)
+        return self.words.fold(h), self.words.fold(zl), active
+
+
+__all__ = ["BufferError", "InformationBuffer"]

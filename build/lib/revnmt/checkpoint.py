@@ -1,0 +1,82 @@
+"""Checkpoints that are never half-written, and the RNG state needed to resume a run exactly."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from revnmt.atomic import atomic_file
+
+# What a training run writes into its checkpoint directory.
+BEST_CHECKPOINT = "best.pt"
+LAST_CHECKPOINT = "last.pt"
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Save ``state`` to ``path`` atomically: a crash leaves either the old file or the new one.
+    ``torch.save`` streams into the temporary file, so the checkpoint never exists as one bytes object."""
+    with atomic_file(path) as file:
+        torch.save(state, file)
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`.
+
+    Loads with ``weights_only=True`` (torch's default), so a checkpoint cannot run code: its
+    state must be built from tensors, numbers, strings and plain containers, as
+    :func:`rng_state` and ``state_dict()`` are.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    try:
+        return torch.load(path, map_location=map_location)
+    # A damaged file fails deep inside zip or pickle code with any of several exception types
+    # (RuntimeError, EOFError, UnpicklingError, ...) whose messages do not name the file.
+    except Exception as error:
+        raise RuntimeError(f"cannot load checkpoint {path} (truncated, corrupt or not a torch checkpoint?): "
+                           f"{error}") from error
+
+
+def resolve_checkpoint(path_or_dir: str | os.PathLike[str]) -> Path:
+    """A checkpoint file as is; for a run directory, its ``best.pt``, else its ``last.pt``."""
+    path = Path(path_or_dir)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint file or directory at {path}")
+    for name in (BEST_CHECKPOINT, LAST_CHECKPOINT):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"no checkpoint in {path}: looked for {BEST_CHECKPOINT} and {LAST_CHECKPOINT}")
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of every random generator training draws from: Python, numpy, torch CPU and CUDA."""
+    numpy_state = np.random.get_state(legacy=False)
+    # As a tensor the numpy key loads under weights_only=True; an ndarray would not.
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore generators saved by :func:`rng_state`.
+
+    CUDA states are skipped when no GPU is present: a run resumed on the CPU never draws from them.
+    """
+    random.setstate(state["python"])
+    numpy_state = dict(state["numpy"])
+    numpy_state["state"] = {**numpy_state["state"], "key": numpy_state["state"]["key"].cpu().numpy().astype(np.uint32)}
+    np.random.set_state(numpy_state)
+    # .cpu(): a checkpoint loaded with map_location="cuda" moves these byte tensors too.
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

@@ -1,0 +1,127 @@
+"""revnmt-memory: how much activation memory a model saves, on real batches.
+
+    revnmt-memory [revnmt-train's data and model options] [--checkpoint RUN] [--batches N] [--json FILE]
+
+With ``--checkpoint`` the trained model's gates (and its vocabularies and options) are used:
+forgetting depends on the learned gates, so that is the figure to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
+from revnmt.data import BatchSampler, load_data, make_batch
+from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
+from revnmt.memory.peak import track_freed_memory
+from revnmt.memory.report import format_report, memory_report, ordinary_counterpart
+from revnmt.memory.sizes import format_bytes
+from revnmt.model import Seq2Seq
+
+from .options import (add_data_options, add_model_options, byte_size, check_device, checked_model_config, data_config,
+                      default_device, model_config)
+
+logger = logging.getLogger("revnmt.memory")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_data_options(parser)
+    add_model_options(parser)
+    parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
+                        "model, vocabularies and data options replace the model options (but --buffer-lanes)")
+    parser.add_argument("--batches", type=int, default=20, help="training batches measured (default: 20)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
+    parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the report to this file")
+    parser.add_argument("--memory-budget", type=byte_size, metavar="SIZE", help="also report the token batch "
+                        "each model fits under this budget of peak memory (e.g. 2GiB; the process's RSS on CPU, "
+                        "the allocator's reserved memory on CUDA), as revnmt-train --memory-budget chooses it")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default="adam",
+                        help="optimizer state counted by --memory-budget (default: adam)")
+    args = parser.parse_args(argv)
+    if args.batches < 1 or args.batch_size < 1:
+        parser.error("--batches and --batch-size must be positive")
+    check_device(parser, args.device)
+    args.data_config = data_config(parser, args)
+    checked_model_config(parser, args, args.device)
+    return args
+
+
+def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
+    """The token batch the model and its ordinary counterpart each fit under ``--memory-budget``, as
+    revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan."""
+    device = torch.device(args.device)
+    report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
+    for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
+        candidate = model if name == "reversible" else Seq2Seq(cfg).to(device)
+        plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths, device)
+        report["batch_tokens"][name] = plan.batch_tokens
+        report["costliest_batch"][name] = {"sentences": plan.worst_batch[0], "length": plan.worst_batch[1]}
+        report["measured_peak"][name] = measure_planned_step(candidate, plan, device)
+        report["measured_by"] = f"peak {plan.measured_by}"
+        del candidate
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.memory_budget is not None:
+        track_freed_memory()  # as revnmt-train --memory-budget runs
+    prog = Path(sys.argv[0]).name
+    logging.basicConfig(level=logging.INFO, format=f"{prog}: %(message)s", stream=sys.stderr)
+    torch.manual_seed(args.seed)
+    try:
+        state = load_checkpoint(resolve_checkpoint(args.checkpoint)) if args.checkpoint else None
+        data_config = args.data_config
+        if state is not None:  # the checkpoint decides how text becomes ids
+            data_config = replace(data_config, lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
+        data = load_data(data_config, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
+        if state is not None:
+            # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
+            # and so does --buffer-backend, which changes no result.
+            state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)
+        model = (Seq2Seq.from_checkpoint_state(state) if state is not None
+                 else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
+    except (OSError, ValueError, RuntimeError, KeyError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    if not model.cfg.reversible:
+        print(f"{prog}: error: --rnn must be revgru or revlstm; the report compares it "
+              "with the ordinary model of the same size", file=sys.stderr)
+        return 2
+    sampler = BatchSampler(data.train.lengths, batch_size=args.batch_size, seed=args.seed)
+    batches = [make_batch(data.train, idx).to(args.device) for idx in sampler.batches(0)[: args.batches]]
+    logger.info("measuring %s %s attention on %d batches of %d sentences (%s)", model.cfg.rnn,
+                model.cfg.attention, len(batches), args.batch_size, args.device)
+    report = memory_report(model.to(args.device), batches)
+    report["config"] = model.cfg.to_dict()
+    print(format_report(report))
+    if args.memory_budget is not None:
+        try:
+            report["budget"] = budget_report(model, args, data.train.lengths)
+        except BudgetError as error:
+            print(f"{prog}: error: {error}", file=sys.stderr)
+            return 2
+        budget = report["budget"]
+        fits, peaks = budget["batch_tokens"], budget["measured_peak"]
+        print(f"tokens per batch under a {format_bytes(args.memory_budget)} budget of {budget['measured_by']} "
+              f"({args.optimizer}): reversible {fits['reversible']:,}, ordinary {fits['ordinary']:,} "
+              f"({fits['reversible'] / fits['ordinary']:.1f}x); one step on each plan's costliest batch peaked at "
+              f"{format_bytes(peaks['reversible'])} and {format_bytes(peaks['ordinary'])}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

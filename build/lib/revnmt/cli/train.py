@@ -1,0 +1,262 @@
+"""revnmt-train (also ``python train.py``): set up or resume a run, train it (in one process, with
+Hogwild! workers or as a torchrun rank), then score the test set with the best checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from revnmt.atomic import atomic_write_text
+from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from revnmt.data import TrainingData, load_data
+from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
+from revnmt.memory.peak import track_freed_memory
+from revnmt.model import Seq2Seq
+from revnmt.training import (DEFAULT_BATCH_SIZE, DEFAULT_LR, DistributedTrainer, HogwildTrainer, Job, RunConfig,
+                             Trainer, TrainingConfig, WorkerError, process_group)
+from revnmt.training.progress import logging_to
+from revnmt.translator import Translator, evaluate
+
+from .options import (HelpFormatter, add_data_options, add_model_options, byte_size, check_device,
+                      checked_model_config, data_config, default_device, device_ids, positive_float, positive_int)
+
+logger = logging.getLogger("revnmt.train")
+
+USAGE_ERROR = 2  # the exit status of argparse errors, used for every mistake in the command or data
+TRAINING_FAILED = 1  # a Hogwild worker failed
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of revnmt-train (defaults: the paper's Multi30K setup, with Adam)."""
+    parser = argparse.ArgumentParser(
+        description="Train an attention encoder-decoder with reversible (or ordinary) RNNs. "
+        "Running the same command again resumes from SAVE_DIR/last.pt.", formatter_class=HelpFormatter)
+    add_data_options(parser)
+    add_model_options(parser)
+    _add_optimization_options(parser)
+    _add_run_options(parser)
+    return parser
+
+
+def _add_optimization_options(parser: argparse.ArgumentParser) -> None:
+    opt = parser.add_argument_group("optimization")
+    opt.add_argument("--optimizer", choices=sorted(DEFAULT_LR), default="adam", help="update rule")
+    opt.add_argument("--lr", type=positive_float, help="learning rate (default: 1e-3 for adam, 1.0 for sgd)")
+    opt.add_argument("--clip", type=float, default=5.0, help="gradient-norm clipping (0: none)")
+    opt.add_argument("--lr-decay", type=float, default=0.5, help="LR factor when the dev loss stops improving")
+    opt.add_argument("--lr-patience", type=int, default=0,
+                     help="epochs without dev-loss improvement before the LR decays")
+    opt.add_argument("--min-lr", type=float, default=1e-5, help="stop once the LR decays below this")
+    opt.add_argument("--epochs", type=positive_int, default=30, help="passes over the training data")
+    opt.add_argument("--max-steps", type=positive_int, help="stop after this many updates (no limit)")
+    opt.add_argument("--batch-size", type=positive_int,
+                     help=f"sentences per batch (default: {DEFAULT_BATCH_SIZE} unless --batch-tokens is given)")
+    opt.add_argument("--batch-tokens", type=positive_int, help="padded tokens per batch")
+    opt.add_argument("--memory-budget", type=byte_size, metavar="SIZE",
+                     help="e.g. 2GiB: the peak memory training may reach, measured as the process's resident memory "
+                     "(RSS) on CPU and as the CUDA allocator's reserved memory on a GPU; the largest token batch "
+                     "whose step fits is chosen (instead of --batch-size/--batch-tokens), and checked every step")
+    opt.add_argument("--patience", type=positive_int, default=5, help="epochs without dev-BLEU improvement "
+                     "before stopping")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    run = parser.add_argument_group("run")
+    run.add_argument("--save-dir", required=True, help="checkpoints, vocabularies, logs")
+    run.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N")
+    run.add_argument("--seed", type=int, default=1, help="initialisation, dropout and batch order")
+    run.add_argument("--valid-beam", type=positive_int, default=1, help="beam for dev BLEU (1: greedy)")
+    run.add_argument("--test-beam", type=positive_int, default=5, help="beam for the test set")
+    run.add_argument("--log-every", type=positive_int, default=100, help="steps between log lines")
+    run.add_argument("--save-every", type=positive_int, help="also save last.pt every N steps")
+    run.add_argument("--hogwild", type=positive_int, metavar="N",
+                     help="train with N worker processes that update shared weights without locks (Hogwild!); "
+                     "checkpoints and resumption at epoch ends only")
+    run.add_argument("--devices", type=device_ids, metavar="0,1,...",
+                     help="with --hogwild: the GPUs the workers run on, round-robin (default: every GPU with "
+                     "--device cuda)")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
+    """Parse and check revnmt-train's options into a run config, resolving the defaults that depend on
+    other options; a mistake exits with argparse's message and status 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    data = data_config(parser, args)
+    lr = DEFAULT_LR[args.optimizer] if args.lr is None else args.lr
+    if args.memory_budget is not None and (args.batch_size or args.batch_tokens):
+        parser.error("--memory-budget chooses the batch: leave out --batch-size and --batch-tokens")
+    batch_size = args.batch_size
+    if batch_size is None and args.batch_tokens is None and args.memory_budget is None:
+        batch_size = DEFAULT_BATCH_SIZE
+    if args.clip < 0:
+        parser.error(f"--clip must be >= 0, got {args.clip}")
+    if not 0 < args.lr_decay < 1:
+        parser.error(f"--lr-decay must be in (0, 1), got {args.lr_decay}")
+    if lr < args.min_lr:
+        parser.error(f"--lr {lr:g} is below --min-lr {args.min_lr:g}: training would stop at once")
+    if args.lr_patience < 0:
+        parser.error(f"--lr-patience must be >= 0, got {args.lr_patience}")
+    check_device(parser, args.device)
+    if args.devices is not None:
+        if not args.hogwild:
+            parser.error("--devices chooses the GPUs of --hogwild workers: give --hogwild N too")
+        if max(args.devices) >= torch.cuda.device_count():
+            parser.error(f"--devices {','.join(map(str, args.devices))}: this machine has "
+                         f"{torch.cuda.device_count()} CUDA devices")
+    if args.hogwild and args.save_every:
+        parser.error("--save-every cannot be used with --hogwild: Hogwild runs save at epoch ends only")
+    if args.hogwild and Job.from_env().distributed:
+        parser.error("--hogwild starts worker processes of its own: run it with python, not torchrun")
+    model = checked_model_config(parser, args, args.device)
+    training = TrainingConfig(
+        save_dir=args.save_dir, device=args.device, seed=args.seed, optimizer=args.optimizer, lr=lr, clip=args.clip,
+        lr_decay=args.lr_decay, lr_patience=args.lr_patience, min_lr=args.min_lr, epochs=args.epochs,
+        max_steps=args.max_steps, batch_size=batch_size, batch_tokens=args.batch_tokens,
+        memory_budget=args.memory_budget, patience=args.patience, valid_beam=args.valid_beam,
+        test_beam=args.test_beam, log_every=args.log_every, save_every=args.save_every, hogwild=args.hogwild,
+        devices=args.devices)
+    return RunConfig(data, model, training)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run revnmt-train with ``argv`` (default: the command line); return the exit status.
+
+    Under torchrun every rank runs this; rank 0 alone writes the run directory and logs (the
+    others show warnings and errors only).
+    """
+    config = parse_args(argv)
+    if config.training.memory_budget is not None:
+        track_freed_memory()  # the RSS then follows what is alive: what the budget bounds (revnmt.memory.peak)
+    job = Job.from_env()
+    save_dir = Path(config.training.save_dir)
+    if job.is_main:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    log_file, level = (save_dir / "train.log", logging.INFO) if job.is_main else (None, logging.WARNING)
+    label = f"[rank {job.rank}] " if job.distributed else ""
+    with logging_to(log_file, level, label), process_group(config.training.device, job) as device:
+        logger.info("train.py %s", " ".join(sys.argv[1:] if argv is None else argv))
+        return _run(replace(config, training=replace(config.training, device=device)), job)
+
+
+def _run(config: RunConfig, job: Job) -> int:
+    save_dir, cfg = Path(config.training.save_dir), config.training
+    try:
+        config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
+        checkpoint = job.from_main(lambda: _resumable_checkpoint(config))
+        vocabs = None if checkpoint is None else (checkpoint["src_vocab"], checkpoint["tgt_vocab"])
+        data = load_data(config.data, vocabs)
+    # Missing or malformed data and checkpoints are the user's to fix: one line, no traceback.
+    except (OSError, ValueError, RuntimeError) as error:
+        logger.error("%s", error)
+        return USAGE_ERROR
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
+    model = Seq2Seq(config.model).to(cfg.device)
+    plan = None
+    if cfg.memory_budget is not None:
+        try:
+            plan = job.from_main(lambda: _memory_plan(cfg, data, model, checkpoint))
+        except BudgetError as error:
+            logger.error("%s", error)
+            return USAGE_ERROR
+        _drop_too_long(data, plan)
+    trainer = _make_trainer(config, data, model, plan, job)
+    if checkpoint is not None:
+        trainer.restore(checkpoint)
+        logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
+                    trainer.state.step)
+    if job.is_main:
+        atomic_write_text(save_dir / "config.json", json.dumps(config.options(), indent=2) + "\n")
+        data.src_vocab.save(save_dir / "src.vocab")
+        data.tgt_vocab.save(save_dir / "tgt.vocab")
+
+    try:
+        trainer.train()
+    except WorkerError as error:  # last.pt is still the last good checkpoint
+        logger.error("%s", error)
+        return TRAINING_FAILED
+    if data.test_text is not None and job.is_main:
+        _test(config, data)
+    return 0
+
+
+def _make_trainer(config: RunConfig, data: TrainingData, model: Seq2Seq, plan: BudgetPlan | None,
+                  job: Job) -> Trainer:
+    """The trainer of one process, Hogwild workers' main process, or one rank of a torchrun job."""
+    if config.training.hogwild:
+        return HogwildTrainer(config, data, model, plan)
+    if job.distributed:
+        return DistributedTrainer(config, data, model, plan, job)
+    return Trainer(config, data, model, plan)
+
+
+def _resumable_checkpoint(config: RunConfig) -> dict | None:
+    """``last.pt`` of the run's directory if there is one; ValueError if it was trained with other options."""
+    save_dir = Path(config.training.save_dir)
+    path = save_dir / LAST_CHECKPOINT
+    if not path.is_file():
+        return None
+    checkpoint = load_checkpoint(path)
+    changed = config.changes_from(checkpoint["args"])
+    if changed:
+        raise ValueError(f"{save_dir} holds a run trained with {', '.join(changed)}: run the same command "
+                         f"to resume it, or choose another --save-dir")
+    return checkpoint
+
+
+def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkpoint: dict | None) -> BudgetPlan:
+    """The batch that fits ``--memory-budget``.
+
+    A resumed run keeps the plan it started with: re-measuring a trained model could choose
+    another batch, and the run would no longer repeat an uninterrupted one.
+    """
+    if checkpoint is not None and checkpoint.get("memory_plan"):
+        plan = BudgetPlan.from_dict(checkpoint["memory_plan"])
+    else:
+        plan = plan_budget(model, cfg.memory_budget, cfg.optimizer, data.train.lengths, torch.device(cfg.device),
+                           beam=max(cfg.valid_beam, cfg.test_beam))
+    logger.info("%s", plan.describe())
+    return plan
+
+
+def _drop_too_long(data: TrainingData, plan: BudgetPlan) -> None:
+    """Drop the training pairs too long to fit ``plan``'s budget even alone."""
+    too_long = data.train.lengths > plan.max_length
+    if too_long.any():
+        data.train = data.train.subset(~too_long)
+        logger.warning("skipped %d training pairs longer than %d tokens: a step on one of them alone would not "
+                       "fit the memory budget", int(too_long.sum()), plan.max_length)
+
+
+TEST_JSON = "test.json"
+
+
+def _test(config: RunConfig, data: TrainingData) -> None:
+    """Translate the test set with best.pt, write test.hyp, log its scores and write them to test.json."""
+    cfg, save_dir, test = config.training, Path(config.training.save_dir), config.data.test
+    translator = Translator.from_checkpoint(save_dir, cfg.device)
+    hyps = translator.translate(data.test_text.src, beam=cfg.test_beam, batch_size=cfg.eval_batch_size,
+                                progress=sys.stderr.isatty())
+    atomic_write_text(save_dir / "test.hyp", "".join(f"{hyp}\n" for hyp in hyps))
+    scores = evaluate(hyps, data.test_text.tgt, translator.data)
+    for line in scores.lines():
+        logger.info("test (%s, beam %d) %s", test, cfg.test_beam, line)
+    result = {"test": test, "beam": cfg.test_beam, **scores.to_dict()}
+    atomic_write_text(save_dir / TEST_JSON, json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

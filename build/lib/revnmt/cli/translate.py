@@ -1,0 +1,99 @@
+"""revnmt-translate (also ``python translate.py``): translate raw text with a trained checkpoint, one
+output line per input line.
+
+    revnmt-translate --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--replace-unk]
+                     [--reference test.de [--json scores.json]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from revnmt.atomic import atomic_write_bytes, atomic_write_text
+from revnmt.data import decode_lines, read_lines
+from revnmt.translator import Translator, evaluate
+
+from .options import check_device, default_device
+
+logger = logging.getLogger("revnmt.translate")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="checkpoint file, or run directory (its best.pt)")
+    parser.add_argument("-i", "--input", metavar="FILE",
+                        help="raw source text, one sentence per line (default: stdin)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="where translations go, written atomically (default: stdout)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size, 1 for greedy search (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
+    parser.add_argument("--device", default=default_device(),
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--reference", metavar="FILE", help="raw reference translations: print BLEU to stderr")
+    parser.add_argument("--json", metavar="FILE", help="with --reference, also write the scores to this file")
+    parser.add_argument("--replace-unk", action="store_true",
+                        help="replace each <unk> in the output by the source word attended most when it was produced")
+    parser.add_argument("--max-len", type=int, metavar="N",
+                        help="truncate inputs to this many tokens (default: the training --max-len, else 100)")
+    args = parser.parse_args(argv)
+    if args.json and not args.reference:
+        parser.error("--json writes the scores against --reference: give --reference too")
+    for name in ("beam", "batch_size", "max_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    check_device(parser, args.device)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    prog = Path(sys.argv[0]).name
+    logging.basicConfig(level=logging.INFO, format=f"{prog}: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        for option, path in (("--output", args.output), ("--json", args.json)):
+            if path is not None and not Path(path).resolve().parent.is_dir():
+                raise FileNotFoundError(f"the folder of {option} {path} does not exist")
+        if args.input is not None:
+            lines = read_lines(args.input)
+        references = read_lines(args.reference) if args.reference else None
+        # Before stdin is read: a bad checkpoint should not wait for the user's input to fail.
+        translator = Translator.from_checkpoint(args.checkpoint, args.device, args.max_len)
+        if args.input is None:
+            if sys.stdin.isatty():
+                logger.info("reading sentences from the terminal until end of input (Ctrl-D)")
+            lines = decode_lines(sys.stdin.buffer.read(), "stdin")
+        if references is not None and len(references) != len(lines):
+            raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}")
+    # Missing or unreadable files are the user's to fix: one line, no traceback.
+    except (OSError, ValueError, RuntimeError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+
+    hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size, progress=sys.stderr.isatty(),
+                                replace_unk=args.replace_unk)
+    data = "".join(f"{hyp}\n" for hyp in hyps).encode("utf-8")
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        atomic_write_bytes(args.output, data)
+    if references is not None and lines:
+        scores = evaluate(hyps, references, translator.data)
+        for line in scores.lines():
+            print(line, file=sys.stderr)
+        if args.json:
+            result = {"input": args.input, "reference": args.reference, "beam": args.beam,
+                      "replace_unk": args.replace_unk, **scores.to_dict()}
+            atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

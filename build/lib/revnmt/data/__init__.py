@@ -1,0 +1,38 @@
+"""Data pipeline: raw parallel text -> Moses tokens -> vocabulary ids -> padded batches."""
+
+from revnmt.data.batching import Batch, BatchSampler, EncodedDataset, Example, make_batch, sorted_batches
+from revnmt.data.corpus import (ParallelCorpus, decode_lines, language_file, load_parallel,
+                                read_lines)
+from revnmt.data.loading import DataConfig, DataOptions, TrainingData, load_data
+from revnmt.data.multi30k import MULTI30K_SPLITS, find_multi30k, multi30k_prefix
+from revnmt.data.tokenization import Detokenizer, Tokenizer
+from revnmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocabulary
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "MULTI30K_SPLITS",
+    "PAD",
+    "SPECIALS",
+    "UNK",
+    "Batch",
+    "DataConfig",
+    "DataOptions",
+    "BatchSampler",
+    "Detokenizer",
+    "EncodedDataset",
+    "Example",
+    "ParallelCorpus",
+    "TrainingData",
+    "Tokenizer",
+    "Vocabulary",
+    "find_multi30k",
+    "language_file",
+    "load_data",
+    "load_parallel",
+    "make_batch",
+    "multi30k_prefix",
+    "read_lines",
+    "decode_lines",
+    "sorted_batches",
+]

@@ -1,0 +1,269 @@
+"""Encoded datasets, padded batches, and length-bucketed, resumable batch order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from revnmt.data.corpus import ParallelCorpus
+from revnmt.data.tokenization import Tokenizer
+from revnmt.data.vocab import BOS, EOS, PAD, Vocabulary
+
+logger = logging.getLogger(__name__)
+
+# Length bucketing sorts pools of this many batches' worth of examples: large enough that each
+# batch holds sentences of nearly equal length, small enough that batches still vary across epochs.
+POOL_BATCHES = 100
+
+
+@dataclass(frozen=True)
+class Example:
+    """One encoded sentence pair: token ids without BOS/EOS."""
+
+    src: np.ndarray
+    tgt: np.ndarray
+
+
+def _pack(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate id sequences into one flat array plus offsets (``offsets[i]:offsets[i+1]``)."""
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((i for s in sequences for i in s), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+class EncodedDataset:
+    """Sentence pairs as token ids, stored as two flat int32 arrays (one Python list per token
+    would take ~10x the memory and make batching slow)."""
+
+    def __init__(
+        self,
+        src: Sequence[Sequence[int]],
+        tgt: Sequence[Sequence[int]],
+        n_filtered: int = 0,
+        corpus_indices: Sequence[int] | None = None,
+    ) -> None:
+        """``corpus_indices[i]`` is the corpus line of pair ``i`` (default: ``i``), so that
+        outputs can be matched to references after filtering."""
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
+        self._src, self._src_offsets = _pack(src)
+        self._tgt, self._tgt_offsets = _pack(tgt)
+        self.src_lengths = np.diff(self._src_offsets)
+        self.tgt_lengths = np.diff(self._tgt_offsets)
+        self.n_filtered = n_filtered
+        self.corpus_indices = np.arange(len(src)) if corpus_indices is None else np.asarray(corpus_indices)
+
+    @classmethod
+    def from_corpus(
+        cls,
+        corpus: ParallelCorpus,
+        src_tok: Tokenizer,
+        tgt_tok: Tokenizer,
+        src_vocab: Vocabulary,
+        tgt_vocab: Vocabulary,
+        max_len: int | None = None,
+    ) -> EncodedDataset:
+        """Tokenize and encode ``corpus``, dropping pairs with more than ``max_len`` tokens on a side.
+
+        Pairs whose source has no tokens at all are dropped too: an encoder cannot run on them.
+        """
+        src, tgt, kept = [], [], []
+        n_too_long = n_empty = 0
+        for i, (src_line, tgt_line) in enumerate(zip(corpus.src, corpus.tgt)):
+            src_ids = src_vocab.encode(src_tok.tokenize(src_line))
+            tgt_ids = tgt_vocab.encode(tgt_tok.tokenize(tgt_line))
+            if not src_ids:
+                n_empty += 1
+            elif max_len is not None and max(len(src_ids), len(tgt_ids)) > max_len:
+                n_too_long += 1
+            else:
+                src.append(src_ids)
+                tgt.append(tgt_ids)
+                kept.append(i)
+        if max_len is not None:
+            logger.info(
+                "%s: filtered %d of %d pairs longer than %d tokens", corpus.name, n_too_long, len(corpus), max_len
+            )
+        if n_empty:
+            logger.warning("%s: dropped %d pairs whose source has no tokens", corpus.name, n_empty)
+        return cls(src, tgt, n_filtered=n_too_long + n_empty, corpus_indices=kept)
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def subset(self, keep: np.ndarray) -> EncodedDataset:
+        """The pairs where the boolean array ``keep`` is True (the others count as filtered)."""
+        index = np.flatnonzero(keep)
+        return EncodedDataset([self[i].src for i in index], [self[i].tgt for i in index],
+                              self.n_filtered + len(self) - len(index), self.corpus_indices[index])
+
+    def __getitem__(self, i: int) -> Example:
+        return Example(
+            src=self._src[self._src_offsets[i] : self._src_offsets[i + 1]],
+            tgt=self._tgt[self._tgt_offsets[i] : self._tgt_offsets[i + 1]],
+        )
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Padded size of each pair in a batch: max(source length, target length + 1), the +1
+        being the BOS/EOS that ``tgt_in``/``tgt_out`` add."""
+        return np.maximum(self.src_lengths, self.tgt_lengths + 1)
+
+
+@dataclass
+class Batch:
+    """A padded batch; rows are sorted by decreasing source length (as ``pack_padded_sequence``
+    wants), and ``indices[r]`` is the dataset index of row ``r``."""
+
+    src: torch.Tensor  # [B, S] source ids, PAD-padded
+    src_len: torch.Tensor  # [B]
+    tgt_in: torch.Tensor  # [B, T] BOS + target (decoder input)
+    tgt_out: torch.Tensor  # [B, T] target + EOS (what the decoder must predict)
+    tgt_len: torch.Tensor  # [B] target length + 1
+    n_tokens: int  # number of non-PAD entries of tgt_out, for normalising the loss
+    indices: list[int]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def to(self, device: torch.device | str) -> Batch:
+        """A copy with every tensor on ``device``."""
+        return replace(
+            self,
+            src=self.src.to(device),
+            src_len=self.src_len.to(device),
+            tgt_in=self.tgt_in.to(device),
+            tgt_out=self.tgt_out.to(device),
+            tgt_len=self.tgt_len.to(device),
+        )
+
+
+def make_batch(dataset: EncodedDataset, indices: Sequence[int]) -> Batch:
+    """Pad the pairs ``dataset[i] for i in indices`` into a ``Batch``."""
+    if len(indices) == 0:
+        raise ValueError("cannot make an empty batch")
+    order = sorted((int(i) for i in indices), key=lambda i: -dataset.src_lengths[i])  # stable
+    src_len = dataset.src_lengths[order]
+    tgt_len = dataset.tgt_lengths[order] + 1
+    src = np.full((len(order), src_len.max()), PAD, dtype=np.int64)
+    tgt_in = np.full((len(order), tgt_len.max()), PAD, dtype=np.int64)
+    tgt_out = np.full_like(tgt_in, PAD)
+    for row, i in enumerate(order):
+        example = dataset[i]
+        n = len(example.tgt)
+        src[row, : len(example.src)] = example.src
+        tgt_in[row, 0] = BOS
+        tgt_in[row, 1 : n + 1] = example.tgt
+        tgt_out[row, :n] = example.tgt
+        tgt_out[row, n] = EOS
+    return Batch(
+        src=torch.from_numpy(src),
+        src_len=torch.from_numpy(src_len.astype(np.int64)),
+        tgt_in=torch.from_numpy(tgt_in),
+        tgt_out=torch.from_numpy(tgt_out),
+        tgt_len=torch.from_numpy(tgt_len.astype(np.int64)),
+        n_tokens=int(tgt_len.sum()),
+        indices=order,
+    )
+
+
+class BatchSampler:
+    """Groups example indices into batches, by a token budget and/or a number of sentences.
+
+    A batch's cost is its padded size: the number of examples times the longest ``lengths``
+    entry in it. With ``bucket`` the examples are sorted by length inside shuffled pools of
+    ``POOL_BATCHES`` batches' worth, so batches hold similar lengths and little padding, and the
+    batch order is then shuffled. ``batches(epoch)`` depends only on (seed, epoch), so a resumed
+    run can rebuild an epoch's list and skip the batches it already trained on.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        batch_tokens: int | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        bucket: bool = True,
+    ) -> None:
+        if batch_tokens is None and batch_size is None:
+            raise ValueError("give batch_tokens, batch_size or both")
+        for name, value in (("batch_tokens", batch_tokens), ("batch_size", batch_size)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1 or len(self.lengths) == 0:
+            raise ValueError("lengths must be a non-empty 1-D sequence")
+        self.batch_tokens = batch_tokens
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.bucket = bucket
+
+        # Examples that alone exceed the token budget cannot be split, so each gets a batch of
+        # its own; the list lets the caller decide whether to filter them out instead.
+        self.oversized: list[int] = []
+        if batch_tokens is not None:
+            self.oversized = np.flatnonzero(self.lengths > batch_tokens).tolist()
+            if self.oversized:
+                logger.warning(
+                    "%d examples exceed batch_tokens=%d and get batches of their own", len(self.oversized), batch_tokens
+                )
+
+        per_batch = len(self.lengths)
+        if batch_tokens is not None:
+            per_batch = max(1, int(batch_tokens / self.lengths.mean()))
+        if batch_size is not None:
+            per_batch = min(per_batch, batch_size)
+        self._pool_size = POOL_BATCHES * per_batch
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """The batches of one epoch, each a list of example indices; every index occurs once."""
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+        if not self.bucket:
+            batches = self._fill(order)
+        else:
+            batches = []
+            for start in range(0, len(order), self._pool_size):
+                pool = order[start : start + self._pool_size]
+                batches += self._fill(pool[np.argsort(self.lengths[pool], kind="stable")])
+            if self.shuffle:
+                # Otherwise each pool would run from its shortest to its longest batch.
+                batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _fill(self, order: np.ndarray) -> list[list[int]]:
+        """Cut ``order`` greedily into consecutive batches that respect the limits."""
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        longest = 0
+        for i, length in zip(order.tolist(), self.lengths[order].tolist()):
+            longest_with_i = max(longest, length)
+            full = (self.batch_size is not None and len(batch) + 1 > self.batch_size) or (
+                self.batch_tokens is not None and (len(batch) + 1) * longest_with_i > self.batch_tokens
+            )
+            if batch and full:
+                batches.append(batch)
+                batch, longest_with_i = [], length
+            batch.append(i)
+            longest = longest_with_i
+        if batch:
+            batches.append(batch)
+        return batches
+
+
+def sorted_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[list[int]]:
+    """Batches for inference: indices sorted by decreasing length (little padding, and the
+    largest batch comes first so memory problems show at once). Restore input order with
+    ``Batch.indices``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]

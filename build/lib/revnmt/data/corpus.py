@@ -1,0 +1,112 @@
+"""Reading raw parallel text (plain or gzipped, one sentence per line) and writing files safely."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# How many offending line numbers a decoding warning lists before it only gives the count.
+_MAX_REPORTED_LINES = 5
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """Read a UTF-8 text file (gzipped if its name ends in ``.gz``) as a list of lines.
+
+    Only the line terminator ("\\n" or "\\r\\n") is removed. Invalid UTF-8 is replaced by U+FFFD
+    and logged as a warning naming the file and the affected 1-based line numbers.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return decode_lines(f.read(), str(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """Split UTF-8 bytes into lines; invalid UTF-8 becomes U+FFFD and is logged with the line
+    numbers (``name`` says where the bytes came from: a file, or stdin)."""
+    # Split the bytes on b"\n" only: str.splitlines() would also break on U+2028, U+0085, "\r",
+    # etc., which occur in web text and would silently misalign the two sides of a corpus.
+    raw_lines = data.split(b"\n")
+    if raw_lines[-1] == b"":
+        raw_lines.pop()  # the final newline terminates the last line, it does not start one
+
+    lines: list[str] = []
+    bad_lines: list[int] = []
+    for number, raw in enumerate(raw_lines, start=1):
+        raw = raw.removesuffix(b"\r")
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(raw.decode("utf-8", errors="replace"))
+            bad_lines.append(number)
+    if bad_lines:
+        shown = ", ".join(map(str, bad_lines[:_MAX_REPORTED_LINES]))
+        more = f" and {len(bad_lines) - _MAX_REPORTED_LINES} more" if len(bad_lines) > _MAX_REPORTED_LINES else ""
+        logger.warning(
+            "%s: invalid UTF-8 replaced by U+FFFD on %d line(s): %s%s", name, len(bad_lines), shown, more
+        )
+    return lines
+
+
+@dataclass
+class ParallelCorpus:
+    """Sentence-aligned raw text: ``src[i]`` translates to ``tgt[i]``."""
+
+    src: list[str]
+    tgt: list[str]
+    name: str
+
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.tgt):
+            raise ValueError(f"corpus {self.name!r}: {len(self.src)} source but {len(self.tgt)} target lines")
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def language_file(prefix: str, lang: str) -> Path:
+    """Return ``PREFIX.LANG`` if it exists, else ``PREFIX.LANG.gz``."""
+    candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no {lang!r} side of corpus {prefix!r}: neither {candidates[0]} nor {candidates[1]} exists"
+    )
+
+
+def load_parallel(prefix: str | os.PathLike[str], src_lang: str, tgt_lang: str) -> ParallelCorpus:
+    """Load the parallel corpus ``PREFIX.SRC_LANG`` / ``PREFIX.TGT_LANG`` (each plain or ``.gz``).
+
+    Pairs where either side is empty (or only whitespace) are dropped with a warning.
+    """
+    prefix = os.fspath(prefix)
+    src_path = language_file(prefix, src_lang)
+    tgt_path = language_file(prefix, tgt_lang)
+    src = read_lines(src_path)
+    tgt = read_lines(tgt_path)
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        if not lines:
+            raise ValueError(f"corpus file is empty: {path}")
+    if len(src) != len(tgt):
+        raise ValueError(
+            f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)} lines"
+        )
+
+    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
+    if len(keep) < len(src):
+        logger.warning(
+            "%s / %s: dropped %d of %d pairs with an empty side", src_path, tgt_path, len(src) - len(keep), len(src)
+        )
+        if not keep:
+            raise ValueError(f"corpus {src_path} / {tgt_path} has no pair with text on both sides")
+        src = [src[i] for i in keep]
+        tgt = [tgt[i] for i in keep]
+    return ParallelCorpus(src=src, tgt=tgt, name=Path(prefix).name)

@@ -1,0 +1,315 @@
+"""Fit training into a memory budget: the largest batch, in tokens, whose step fits.
+
+What the budget bounds is what a user's limit sees (:mod:`revnmt.memory.peak`): on CPU the process's
+peak resident memory (RSS), on CUDA the caching allocator's peak reserved memory on the device. It
+is measured, not guessed:
+
+- the *base*: what the process holds before the first step (the runtime, the data, vocabularies and
+  model, after one warm-up step has compiled what compiles lazily), plus the optimizer state that
+  the first update will allocate;
+- the *step cost*: a few probe steps on synthetic batches of the model itself, at short and long
+  sentences and two batch sizes, each measured as its peak above what was held before it, fitted by
+
+    step_bytes(B, L) = fixed + per_sentence·B + per_token·B·L
+
+(B sentences padded to L tokens). A token budget T allows batches of B = T/L sentences of length L,
+and the per-sentence part of the cost (one step's graph for a reversible model) grows as sentences
+get shorter, so the worst case is not simply the longest length bucket. Every length present in the
+data is checked, with B bounded by T/L and by the number of pairs at most L long (no batch can hold
+more): the worst batch the sampler can form in any epoch.
+
+Training checks the measured peak after every step (:class:`BudgetGuard`); a step above the budget
+shrinks the batches for the rest of the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import logging
+
+import numpy as np
+import torch
+
+from revnmt.data import BOS, EOS, Batch
+from revnmt.model import Seq2Seq
+from revnmt.model.seq2seq import LOSS_CHUNK_STEPS
+
+from .peak import PeakMeter, release_free_memory, track_freed_memory
+from .sizes import format_bytes
+
+logger = logging.getLogger(__name__)
+
+SAFETY_MARGIN = 0.10  # of the budget, for allocator fragmentation and what the probes cannot see
+CALIBRATIONS = 2  # rounds of measured steps near the planned batch size, to correct the cost fitted on small probes
+CALIBRATION_SHARE = 0.25  # of the planned batch's tokens in those steps
+OPTIMIZER_STATES = {"adam": 2, "sgd": 0}  # tensors of parameter size an optimizer keeps
+
+
+class BudgetError(ValueError):
+    """The budget cannot hold even the model or a single sentence."""
+
+
+@dataclass
+class StepCost:
+    """Fitted bytes of one training step beyond the fixed (parameter) cost."""
+
+    fixed: float
+    per_sentence: float
+    per_token: float
+
+    def __call__(self, sentences: float, length: float) -> float:
+        return self.fixed + self.per_sentence * sentences + self.per_token * sentences * length
+
+    def scaled(self, factor: float) -> StepCost:
+        return StepCost(self.fixed * factor, self.per_sentence * factor, self.per_token * factor)
+
+
+@dataclass
+class BudgetPlan:
+    """What the budget allows; recorded in the log and the checkpoint."""
+
+    budget_bytes: int
+    base_bytes: int  # held between steps (measured: before the first, then while training) with the optimizer state
+    batch_tokens: int  # the largest padded batch size in tokens whose step fits
+    max_length: int  # the longest pair that fits alone (longer ones are skipped)
+    predicted_peak_bytes: int  # base + the step cost of the worst batch the sampler can form
+    eval_batch_size: int  # sentences per validation / beam-search batch that fit as well
+    measured_by: str  # "RSS" (the process, CPU) or "CUDA reserved" (the device's allocator)
+    cost: dict
+    worst_batch: tuple[int, int] | None = None  # (sentences, length) of the costliest batch the plan allows
+    step_tokens: int | None = None  # set when training outgrew the plan: larger batches train in parts
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> BudgetPlan:
+        """The plan of a checkpoint (``to_dict``)."""
+        plan = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+        if plan.worst_batch is not None:
+            plan.worst_batch = tuple(plan.worst_batch)
+        return plan
+
+    def describe(self) -> str:
+        parts = "" if self.step_tokens is None else f", trained in parts of up to {self.step_tokens} tokens"
+        return (f"memory budget {format_bytes(self.budget_bytes)} of peak {self.measured_by}: batches of up to "
+                f"{self.batch_tokens} tokens{parts}, pairs up to {self.max_length} tokens; held between steps "
+                f"{format_bytes(self.base_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}")
+
+
+def optimizer_bytes(model: Seq2Seq, optimizer: str) -> int:
+    """The optimizer's per-parameter state, which its first update allocates."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * OPTIMIZER_STATES[optimizer]
+
+
+def synthetic_batch(sentences: int, length: int, src_vocab: int, tgt_vocab: int, device: torch.device,
+                    seed: int = 0) -> Batch:
+    """A batch of random ordinary tokens with every pair exactly ``length`` long (worst padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, src_vocab, (sentences, length), generator=gen)
+    tgt = torch.randint(4, tgt_vocab, (sentences, length - 1), generator=gen)
+    tgt_in = torch.cat([torch.full((sentences, 1), BOS), tgt], 1)
+    tgt_out = torch.cat([tgt, torch.full((sentences, 1), EOS)], 1)
+    lengths = torch.full((sentences,), length)
+    return Batch(src, lengths, tgt_in, tgt_out, lengths, sentences * length, list(range(sentences))).to(device)
+
+
+def probe_step_bytes(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> int:
+    """Bytes one training step takes above what was held before it, as ``meter`` measures them.
+
+    The step starts as training's do, without gradients (``zero_grad(set_to_none=True)``), so their
+    allocation is part of its cost.
+    """
+    tensors = (batch.src, batch.src_len, batch.tgt_in, batch.tgt_out)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    release_free_memory(meter.device)
+    before = meter.current()
+    meter.reset()
+    model.train_step(*tensors, normalizer=float(batch.n_tokens))
+    if meter.device.type == "cuda":
+        torch.cuda.synchronize(meter.device)
+    cost = meter.peak() - before
+    model.zero_grad(set_to_none=True)
+    return cost
+
+
+def measure_steps(model: Seq2Seq, points: list[tuple[int, int]], meter: PeakMeter) -> list[int]:
+    """The measured cost of a step on each (sentences, length) batch."""
+    cfg = model.cfg
+    return [probe_step_bytes(model, synthetic_batch(b, length, cfg.src_vocab, cfg.tgt_vocab, meter.device), meter)
+            for b, length in points]
+
+
+def fit(points: list[tuple[int, int]], costs: list[int]) -> StepCost:
+    """The cost model fitted to measured steps by least squares (no term below zero)."""
+    design = np.array([[1.0, b, b * length] for b, length in points])
+    fixed, per_sentence, per_token = np.linalg.lstsq(design, np.array(costs, dtype=float), rcond=None)[0]
+    return StepCost(max(float(fixed), 0.0), max(float(per_sentence), 0.0), max(float(per_token), 0.0))
+
+
+def fit_step_cost(model: Seq2Seq, short: int, long: int, meter: PeakMeter) -> StepCost:
+    """Probe four small (sentences, length) points and fit the cost model."""
+    points = [(b, length) for length in (short, long) for b in (2, 8)]
+    return fit(points, measure_steps(model, points, meter))
+
+
+def held_bytes(model: Seq2Seq, optimizer: str, meter: PeakMeter) -> int:
+    """What the process holds between steps, all it can free given back, plus the optimizer state
+    that the first update allocates."""
+    release_free_memory(meter.device)
+    return meter.current() + optimizer_bytes(model, optimizer)
+
+
+def base_bytes(model: Seq2Seq, optimizer: str, meter: PeakMeter) -> int:
+    """What the process holds before the first step, after a warm-up step (compiled kernels, the
+    runtime's lazily made state), plus the optimizer state the first update adds."""
+    cfg = model.cfg
+    probe_step_bytes(model, synthetic_batch(2, 4, cfg.src_vocab, cfg.tgt_vocab, meter.device), meter)
+    return held_bytes(model, optimizer, meter)
+
+
+def eval_bytes(model: Seq2Seq, sentences: int, length: int, beam: int) -> int:
+    """An analytic bound on validation and beam search (no autograd): the larger of the decoder
+    outputs, attention memory and one loss chunk's logits (validation), and the beam's rows, each
+    with the memory and one step's logits and search scores."""
+    cfg, floats = model.cfg, 4
+    logits = cfg.tgt_vocab * floats * 3  # logits, log-softmax and one temporary
+    validation = sentences * (length * (cfg.hidden_size + cfg.memory_dim) * floats + LOSS_CHUNK_STEPS * logits)
+    search = sentences * beam * (length * cfg.memory_dim * floats + logits + cfg.hidden_size * 2 * floats)
+    return max(validation, search)
+
+
+def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
+                eval_batch_size: int = 64, beam: int = 5) -> BudgetPlan:
+    """The largest token batch whose training step keeps the measured peak within ``budget`` on data
+    with these pair ``lengths``; BudgetError if not even the process as it stands, or one short pair, fits."""
+    track_freed_memory()
+    meter = PeakMeter(device)
+    usable = budget * (1 - SAFETY_MARGIN)
+    base = base_bytes(model, optimizer, meter)
+    if base >= usable:
+        raise BudgetError(f"before its first step the process holds {format_bytes(base)} ({meter.what}: the runtime, "
+                          f"data, model and {optimizer} state, plus a {SAFETY_MARGIN:.0%} margin): a budget of at "
+                          f"least {format_bytes(int(base / (1 - SAFETY_MARGIN)) + 1)} is needed, got "
+                          f"{format_bytes(budget)}")
+    lengths = np.maximum(np.asarray(lengths), 2)
+    present = np.unique(lengths)
+    min_length, max_length = int(present[0]), int(present[-1])
+    cost = fit_step_cost(model, min_length, max(max_length, min_length + 1), meter)
+    room = usable - base
+    # The probes are small batches and the plan's are large, whose cost per sentence and per token
+    # the small ones only estimate: measure batches of a share of the planned size (a full-size step
+    # can take a minute) at the shortest, a middle and the longest length, refit on those, and again
+    # if the corrected plan moved. What the guard sees while training corrects the rest.
+    points: list[tuple[int, int]] = []
+    costs: list[int] = []
+    tokens = 0
+    for _ in range(CALIBRATIONS):
+        planned, _ = _largest_batch(cost, room, lengths, present, min_length, budget, base)
+        if abs(planned - tokens) <= 0.1 * planned:
+            break
+        tokens = planned
+        new = sorted({(min(max(int(tokens * CALIBRATION_SHARE) // int(n), 1), int((lengths <= n).sum())), int(n))
+                      for n in (present[0], present[len(present) // 2], present[-1]) if cost(1, n) <= room})
+        points += new
+        costs += measure_steps(model, new, meter)
+        cost = fit(points, costs)
+    # Large steps leave the runtime holding more than a small one did (the math libraries' work
+    # buffers grow to the largest product and stay): that is held between all later steps too.
+    base = max(base, held_bytes(model, optimizer, meter))
+    room = usable - base
+    tokens, (sentences, length) = _largest_batch(cost, room, lengths, present, min_length, budget, base)
+    longest = max(int(n) for n in present if cost(1, n) <= room)
+    eval_size = eval_batch_size
+    while eval_size > 1 and eval_bytes(model, eval_size, longest, beam) > room:
+        eval_size //= 2
+    return BudgetPlan(budget, base, tokens, longest, int(base + cost(sentences, length)), eval_size, meter.what,
+                      asdict(cost), (sentences, length))
+
+
+def _largest_batch(cost: StepCost, room: float, lengths: np.ndarray, present: np.ndarray, min_length: int,
+                   budget: int, base: int) -> tuple[int, tuple[int, int]]:
+    """The largest token budget T whose worst batch costs at most ``room``, and that worst batch's
+    (sentences, length); BudgetError if not one short pair fits."""
+    fitting = [int(length) for length in present if cost(1, length) <= room]
+    if not fitting:
+        raise BudgetError(f"not even one {min_length}-token pair fits: a training step needs about "
+                          f"{format_bytes(int(cost(1, min_length) + base))} of the {format_bytes(budget)} budget")
+    longest = fitting[-1]
+    # A batch whose longest pair has L tokens holds at most T // L pairs, and no more than the pairs
+    # of the data that are at most L long: the worst batch the sampler can form, in any epoch.
+    at_most = {length: int((lengths <= length).sum()) for length in fitting}
+
+    def batches(tokens: int) -> list[tuple[int, int]]:
+        return [(min(max(tokens // length, 1), at_most[length]), length) for length in fitting]
+
+    def worst(tokens: int) -> float:
+        return max(cost(*batch) for batch in batches(tokens))
+
+    low, high = longest, longest * at_most[longest]  # one longest pair .. every pair in one batch
+    if worst(high) <= room:
+        low = high
+    while low < high:  # the largest T with worst(T) <= room (worst grows with T)
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if worst(mid) <= room else (low, mid - 1)
+    return low, max(batches(low), key=lambda batch: cost(*batch))
+
+
+class BudgetGuard:
+    """Checks what training really takes against the plan, after every step.
+
+    Two things can outgrow the plan: a step's peak, when a batch costs more than the fitted cost
+    said, and what the process keeps between steps, which grows over the first steps (the math
+    libraries' work buffers, the heap's fragments) beyond what the planning probes left. Either
+    shrinks the plan: batches larger than ``plan.step_tokens`` then train in parts whose gradients
+    add up to the whole batch's, so the updates stay the same (``revnmt.training.trainer``). A step
+    over the budget is reported once, with the batch that did it; the peak then restarts, so that
+    the log shows what the smaller parts take.
+    """
+
+    def __init__(self, plan: BudgetPlan, device: torch.device) -> None:
+        self.plan, self.meter = plan, PeakMeter(device)
+        self.warned = False
+
+    def describe_peak(self) -> str:
+        """The measured peak beside the budget, for the log."""
+        return (f"peak {self.meter.what} {format_bytes(self.meter.peak())} of "
+                f"{format_bytes(self.plan.budget_bytes)} budget")
+
+    def check(self, sentences: int, length: int, tokens: int) -> bool:
+        """After a step on ``sentences`` pairs padded to ``length`` (``tokens`` padded tokens in its
+        largest part): True if the plan still holds, else shrink it (with a warning the first time a
+        step went over the budget) and return False."""
+        plan = self.plan
+        peak, held = self.meter.peak(), self.meter.current()
+        usable = plan.budget_bytes * (1 - SAFETY_MARGIN)
+        limit = plan.step_tokens or plan.batch_tokens
+        # Step costs grow about linearly with the tokens of a batch: scale the limit by the room left.
+        shrink = 1.0
+        if peak > plan.budget_bytes:
+            shrink = max(usable - plan.base_bytes, 0) / max(peak - plan.base_bytes, 1) * min(tokens, limit) / limit
+        if held > plan.base_bytes:
+            shrink = min(shrink, max(usable - held, 0) / max(usable - plan.base_bytes, 1))
+            plan.base_bytes = held
+        if shrink >= 0.98:
+            return True
+        plan.step_tokens = max(1, int(limit * shrink))
+        if peak > plan.budget_bytes and not self.warned:
+            logger.warning("a step on %d pairs padded to %d tokens peaked at %s %s, over the %s budget: batches "
+                           "train in parts of up to %d tokens from now on", sentences, length,
+                           format_bytes(peak), self.meter.what, format_bytes(plan.budget_bytes), plan.step_tokens)
+            self.warned = True
+        if peak > plan.budget_bytes:
+            self.meter.reset()
+        return False
+
+
+def measure_planned_step(model: Seq2Seq, plan: BudgetPlan, device: torch.device) -> int:
+    """The measured peak (what the budget bounds) of one training step on the plan's costliest batch."""
+    sentences, length = plan.worst_batch
+    meter = PeakMeter(device)
+    probe_step_bytes(model, synthetic_batch(sentences, length, model.cfg.src_vocab, model.cfg.tgt_vocab, device),
+                     meter)
+    return meter.peak()

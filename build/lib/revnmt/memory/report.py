@@ -1,0 +1,131 @@
+"""How much activation memory a model keeps for backpropagation, measured three ways.
+
+1. Analytic bits (as the paper counts): what an ordinary RNN keeps (32 bits per unit per step,
+   h and c for LSTMs) against what the reversible model really holds (allocated buffer words,
+   overflow log, stored attention slices) and the optimum (Σ −log2 z over forgotten bits, plus
+   the slices). Taken right after the forward sweeps, when the buffers are fullest.
+2. Bytes autograd saves for backward during one training step (saved-tensor hooks, peak of the
+   live saved storages), per target token, for the reversible model and the ordinary model of the
+   same size. Python-held state (the buffers) is not in this figure; it is level 1.
+3. The CUDA allocator's peak during one training step, when run on a GPU (else null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import torch
+
+from revnmt.data import Batch
+from revnmt.model import ModelConfig, Seq2Seq
+
+from .saved import SavedTensorMeter
+
+
+@dataclass
+class SideBits:
+    """Analytic bits of one side (encoder or decoder), summed over the measured batches."""
+
+    baseline_bits: int = 0
+    actual_bits: int = 0
+    optimal_bits: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"baseline_bits": self.baseline_bits, "actual_bits": self.actual_bits,
+                "optimal_bits": self.optimal_bits,
+                "actual_ratio": self.baseline_bits / self.actual_bits if self.actual_bits else None,
+                "optimal_ratio": self.baseline_bits / self.optimal_bits if self.optimal_bits else None}
+
+
+def _ordinary_bits(cfg: ModelConfig, steps: int, batch: int) -> int:
+    """What an ordinary RNN of this size keeps: 32 bits per unit, step, row and layer (×2 for LSTM)."""
+    per_unit = 2 if cfg.rnn.endswith("lstm") else 1
+    return 32 * steps * batch * cfg.hidden_size * cfg.layers * per_unit
+
+
+@torch.no_grad()
+def analytic_bits(model: Seq2Seq, batches: Iterable[Batch]) -> dict[str, SideBits]:
+    """Level 1 for a reversible model, in training mode (dropout on, as the gates see it in training)."""
+    if not model.cfg.reversible:
+        raise ValueError("analytic bits are defined for reversible models; ordinary ones keep baseline_bits")
+    was_training = model.training
+    model.train()
+    sides = {"encoder": SideBits(), "decoder": SideBits()}
+    for batch in batches:
+        src, tgt_in, tgt_out = batch.src.t(), batch.tgt_in.t(), batch.tgt_out.t()
+        masks = model.draw_masks(src.shape[1], src.device)
+        _, _, enc_tape, dec_tape = model.forward_sweeps(src, tgt_in, tgt_out, masks)
+        for name, tape, steps in (("encoder", enc_tape, src.shape[0]), ("decoder", dec_tape, tgt_in.shape[0])):
+            stored = tape.stored_bits()
+            side = sides[name]
+            side.baseline_bits += _ordinary_bits(model.cfg, steps, src.shape[1])
+            side.actual_bits += stored["buffer_bits"] + stored["slice_bits"]
+            side.optimal_bits += stored["optimal_buffer_bits"] + stored["slice_bits"]
+    model.train(was_training)
+    return sides
+
+
+def step_memory(model: Seq2Seq, batch: Batch) -> tuple[int, int | None]:
+    """(peak bytes autograd saves, CUDA allocator peak or None) over one training step."""
+    model.train()
+    tensors = (batch.src, batch.src_len, batch.tgt_in, batch.tgt_out)
+    cuda = batch.src.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    # parameters and the batch's ids are not activations: exclude their storages
+    with SavedTensorMeter(exclude=[*model.parameters(), *tensors]) as meter:
+        model.train_step(*tensors, normalizer=float(batch.n_tokens))
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    model.zero_grad(set_to_none=True)
+    return meter.peak_bytes, peak
+
+
+def ordinary_counterpart(cfg: ModelConfig) -> ModelConfig:
+    """The ordinary model of the same size: GRU for RevGRU, LSTM for RevLSTM, ``hidden`` attention."""
+    return replace(cfg, rnn=cfg.rnn.removeprefix("rev"), attention="hidden")
+
+
+def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
+    """The report of ``python -m revnmt.memory`` (see the module docstring for the levels)."""
+    sides = analytic_bits(model, batches)
+    device = batches[0].src.device
+    ordinary = Seq2Seq(ordinary_counterpart(model.cfg)).to(device)
+    tokens = sum(b.n_tokens for b in batches)
+    saved = {"reversible": 0, "ordinary": 0}
+    peaks: dict[str, int | None] = {"reversible": None, "ordinary": None}
+    for name, m in (("reversible", model), ("ordinary", ordinary)):
+        for batch in batches:
+            saved_bytes, peak = step_memory(m, batch)
+            saved[name] += saved_bytes
+            if peak is not None:
+                peaks[name] = max(peaks[name] or 0, peak)
+    cuda = device.type == "cuda"
+    return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),
+            "model": {"saved_bytes_per_token": {k: v / tokens for k, v in saved.items()},
+                      "peak_bytes": peaks if cuda else None},
+            "batches": len(batches), "target_tokens": tokens}
+
+
+def format_report(report: dict) -> str:
+    """A plain-text table of a report."""
+    lines = [f"{'':8s} {'baseline bits':>14s} {'actual bits':>12s} {'optimal bits':>13s} "
+             f"{'actual ratio':>13s} {'optimal ratio':>14s}"]
+    for side in ("encoder", "decoder"):
+        r = report[side]
+        lines.append(f"{side:8s} {r['baseline_bits']:14,d} {r['actual_bits']:12,d} {r['optimal_bits']:13,.0f} "
+                     f"{r['actual_ratio']:13.2f} {r['optimal_ratio']:14.2f}")
+    saved = report["model"]["saved_bytes_per_token"]
+    lines.append(f"bytes autograd saves per target token (peak over a training step): "
+                 f"reversible {saved['reversible']:,.0f}, ordinary {saved['ordinary']:,.0f} "
+                 f"({saved['ordinary'] / saved['reversible']:.1f}x)")
+    peak = report["model"]["peak_bytes"]
+    if peak:
+        lines.append(f"CUDA allocator peak per training step: reversible {peak['reversible']:,d} B, "
+                     f"ordinary {peak['ordinary']:,d} B")
+    lines.append(f"({report['batches']} batches, {report['target_tokens']} target tokens)")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Model options, validated once, shared by train.py, translate.py and the memory report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from buffers import BACKENDS, MAX_FORGET_CHOICES
+
+RNN_TYPES = ("revgru", "revlstm", "gru", "lstm")
+ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of an attention encoder-decoder (see README, "Model options")."""
+
+    rnn: str = "revgru"
+    emb_dim: int = 300
+    hidden_size: int = 300
+    layers: int = 1
+    dropout: float = 0.4
+    attention: str = "emb+slice"
+    slice_dim: int = 20
+    max_forget_bits: int | None = 3
+    buffer_lanes: int | None = None  # None: revnmt.rnn.reversible.DEFAULT_LANES for the backend
+    buffer_backend: str = "auto"  # where the buffer's arithmetic runs (buffers.backends); same results
+    src_vocab: int = 0
+    tgt_vocab: int = 0
+
+    @property
+    def reversible(self) -> bool:
+        return self.rnn.startswith("rev")
+
+    @property
+    def uses_slice(self) -> bool:
+        return self.attention in ("slice", "emb+slice", "hidden")
+
+    @property
+    def stored_units(self) -> int:
+        """Units of the top encoder layer kept per source position for attention."""
+        if self.attention == "hidden":
+            return self.hidden_size
+        return self.slice_dim if self.uses_slice else 0
+
+    @property
+    def memory_dim(self) -> int:
+        """Feature size of the attention memory."""
+        return (self.emb_dim if "emb" in self.attention else 0) + self.stored_units
+
+    def validate(self) -> ModelConfig:
+        """Raise ValueError with a clear message for any inconsistent option; return self."""
+        if self.rnn not in RNN_TYPES:
+            raise ValueError(f"unknown --rnn {self.rnn!r}; choose one of {', '.join(RNN_TYPES)}")
+        if self.attention not in ATTENTION_TYPES:
+            raise ValueError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTION_TYPES)}")
+        if self.max_forget_bits not in MAX_FORGET_CHOICES:
+            raise ValueError(f"--max-forget-bits must be one of 1, 2, 3, 5 or none, got {self.max_forget_bits!r}")
+        for name in ("emb_dim", "hidden_size", "layers", "buffer_lanes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.reversible and self.hidden_size % 2:
+            raise ValueError(f"reversible RNNs split the state in halves: --hidden-size must be even, "
+                             f"got {self.hidden_size}")
+        if self.attention in ("slice", "emb+slice"):
+            if not 1 <= self.slice_dim <= self.hidden_size // 2:
+                raise ValueError(f"--slice-dim must be in [1, hidden_size/2 = {self.hidden_size // 2}] for "
+                                 f"{self.attention!r} attention, got {self.slice_dim}")
+        if self.buffer_backend not in BACKENDS:
+            raise ValueError(f"unknown --buffer-backend {self.buffer_backend!r}; choose one of {', '.join(BACKENDS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.src_vocab < 5 or self.tgt_vocab < 5:
+            raise ValueError("vocabularies must be set (at least the 4 specials and one token)")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,36 @@
+"""Token embeddings recomputed per step, so reversible layers need not store their inputs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class EmbeddedTokens:
+    """A :class:`revnmt.rnn.SequenceInput` over time-major token ids [T, B].
+
+    ``at(t)`` looks the embeddings up again (with the batch's locked dropout mask) instead of
+    keeping a [T, B, E] tensor, which would cost as much as the hidden states reversal saves.
+    ``backward`` adds the step's gradient into the embedding rows it used (index_add: O(B·E) per
+    step, where autograd through nn.Embedding would write a dense [V, E] gradient every step).
+    """
+
+    def __init__(self, embedding: nn.Embedding, ids: torch.Tensor, dropout: torch.Tensor | None) -> None:
+        self.embedding, self.ids, self.dropout = embedding, ids, dropout
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def at(self, t: int) -> torch.Tensor:
+        x = self.embedding.weight.detach()[self.ids[t]]
+        return x if self.dropout is None else x * self.dropout
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        weight = self.embedding.weight
+        if self.dropout is not None:
+            grad = grad * self.dropout
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, self.ids[t], grad)
+        if self.embedding.padding_idx is not None:
+            weight.grad[self.embedding.padding_idx] = 0  # as nn.Embedding: the PAD row never learns

@@ -1,0 +1,458 @@
+"""A stack of reversible RNN layers, trained by reversal.
+
+Training by reversal (MacKay et al. 2018, §6 of our paper notes):
+
+1. ``forward_sweep`` runs every step under ``no_grad``, pushing forgotten bits onto one information
+   buffer shared by all layers and halves (time-major, so the reverse pops in mirror order). It
+   keeps only the final integer states, the buffer, the dropout masks and, if asked, an exact
+   int32 slice of the top layer per step (attention memory). No per-step activations.
+2. ``backward_sweep`` walks t = T−1 … 0, top layer first. At each step it takes the gradient that
+   arrives from outside (a per-step output callback, e.g. the decoder's attention and loss, and
+   the gradient of the stored slice), reverses the layer one step to recover the exact previous
+   state and backpropagates that step, through the very gates that decoded the buffer
+   (``reverse_diff``, differentiated by hand). Only one step's temporaries and one chunk of
+   input projections are alive at any time, and autograd saves nothing: memory does not grow
+   with T.
+3. At the end the reconstructed initial state must equal the true one and the buffer must be
+   empty; otherwise :class:`ReversalError` — gradients are never silently wrong.
+
+``forward_autograd`` runs the same fixed-point model with ordinary backpropagation (all steps'
+graphs kept): the reference that reversal's gradients are tested against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+
+from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, backends, to_float
+
+from .cells import REV_CELLS, RevCell
+
+
+#: Layer 0's input projections are computed this many steps per matrix product (see InputProjection). Longer
+#: chunks are faster, but a chunk is held memory, steps x batch x gate columns floats, a cost per sentence that short
+#: sentences feel most under a memory budget: the measurements behind 2 are in docs/performance.md.
+PROJECTION_STEPS = 2
+
+
+#: Buffer lanes per batch row when none are asked for (``buffer_lanes=None``), by the buffer's backend.
+#: The numba loops run as fast with any lane count, and few lanes fill their 64-bit words best (the
+#: lane study is in docs/performance.md). The torch backend loops over a half's ⌈(H/2) / lanes⌉ chunks,
+#: each a few kernel launches, and the Triton kernel over the same chunks inside one program, so there
+#: more lanes are faster.
+DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
+
+
+@contextlib.contextmanager
+def exact_float32(device: torch.device) -> Iterator[None]:
+    """Full float32 products and no autocast while a sweep runs.
+
+    The reverse sweep decodes the buffer with gates it recomputes, so every gate must come out of
+    the same arithmetic as in the forward sweep, bit for bit; and the gradients are those of the
+    float32 model. A caller's autocast or TF32 setting (``torch.set_float32_matmul_precision``)
+    could differ between the two sweeps or round the gates: both are switched off here and restored after.
+    """
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+class ReversalError(RuntimeError):
+    """Reversal did not reconstruct the initial state exactly: the gradients would be wrong."""
+
+
+class SequenceInput(Protocol):
+    """Per-step layer inputs that can be recomputed during the backward sweep (e.g. embeddings
+    from token ids), so that the inputs need not be stored either."""
+
+    def __len__(self) -> int: ...
+
+    def at(self, t: int) -> torch.Tensor:
+        """The input [B, input_size] at step t (no graph)."""
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        """Receive the gradient of the loss with respect to the input at step t."""
+
+
+class TensorInput:
+    """A :class:`SequenceInput` over a stored [T, B, I] tensor; gradients collect in ``.grad``."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.grad = x, None
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def at(self, t: int) -> torch.Tensor:
+        return self.x[t].detach()
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        if self.grad is None:
+            self.grad = torch.zeros_like(self.x)
+        self.grad[t] += grad
+
+
+def project_steps(cell: RevCell, x: torch.Tensor) -> torch.Tensor:
+    """``cell.project`` of a whole [T, B, I] input, one product per chunk of the fixed grid
+    (steps [c·PROJECTION_STEPS, (c+1)·PROJECTION_STEPS)), as :class:`InputProjection` computes it."""
+    return torch.cat([cell.project(x[start: start + PROJECTION_STEPS]) for start in range(0, len(x), PROJECTION_STEPS)])
+
+
+class InputProjection:
+    """Layer 0's input projections (``cell.project``) for the sweeps, a chunk of steps at a time.
+
+    Per step, a cell needs only its recurrent product; the input's share of the gates is one
+    [steps·B, I] x [I, gates] product per chunk, far faster than one small product per step.
+    The chunks lie on a fixed grid, so the forward and the reverse sweep compute each step's
+    projection with the same call on the same data: bit-identical gates, which exact reversal
+    needs. One chunk is alive at a time, so memory stays O(chunk), not O(T).
+
+    In the backward sweep the steps' gradients are collected and backpropagated through the
+    chunk at once (``cell.project_backward``) when its first step is reached. They are written
+    over the chunk's projections, which the reverse steps no longer need once they are done, and
+    the inputs are fetched again then rather than held: the chunk holds one tensor.
+    """
+
+    def __init__(self, cell: RevCell, inputs: SequenceInput) -> None:
+        self.cell, self.inputs = cell, inputs
+        self._start, self._stop = 0, 0
+        self._values: torch.Tensor | None = None
+
+    @staticmethod
+    def held_bytes(cell: RevCell, batch: int) -> int:
+        """Bytes of the one chunk held outside autograd (memory accounting)."""
+        return PROJECTION_STEPS * batch * cell.project_width * 4
+
+    def _inputs(self) -> torch.Tensor:
+        return torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
+
+    @torch.no_grad()
+    def at(self, t: int) -> torch.Tensor:
+        """The projection of the input at step t."""
+        if not self._start <= t < self._stop:
+            self._start = t - t % PROJECTION_STEPS
+            self._stop = min(self._start + PROJECTION_STEPS, len(self.inputs))
+            self._values = self.cell.project(self._inputs())
+        return self._values[t - self._start]
+
+    def backward(self, t: int, grad: torch.Tensor) -> None:
+        """Receive d loss / d projection at step t, after step t's reverse step used the projection;
+        steps come in decreasing order, and the chunk's gradient goes to the weights and inputs
+        when its first step is reached."""
+        self._values[t - self._start] = grad
+        if t == self._start:
+            grad_x = self.cell.project_backward(self._inputs(), self._values)
+            for s in range(self._start, self._stop):
+                self.inputs.backward(s, grad_x[s - self._start])
+            self._values = None
+            self._stop = self._start  # released: a later at() computes afresh
+
+
+@dataclass
+class Tape:
+    """What a forward sweep keeps for the backward sweep (and nothing per step but ``slices``)."""
+
+    states: list[torch.Tensor]  # final int32 state of every layer
+    initial: list[torch.Tensor]  # the true initial states, for the exactness check
+    buffer: InformationBuffer | None  # None: recorded for inference, not reversible
+    mask: torch.Tensor  # [T, B] bool, True on real tokens
+    dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
+    slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
+    guard: OverflowGuard | None  # range errors of an inference sweep (a buffer keeps its own)
+
+    def check(self) -> None:
+        """Raise a range error recorded on the device during the sweep (one host read)."""
+        if self.buffer is not None:
+            self.buffer.check()
+        else:
+            self.guard.check()
+
+    def stored_bits(self) -> dict[str, float]:
+        """Analytic bits this tape holds for backward: buffer words and stored slices."""
+        slice_bits = 0 if self.slices is None else 32 * self.slices.numel()
+        return {"buffer_bits": self.buffer.allocated_bits(), "optimal_buffer_bits": self.buffer.optimal_bits(),
+                "slice_bits": slice_bits}
+
+
+class ReversibleRNN(nn.Module):
+    """Stacked RevGRU / RevLSTM layers.
+
+    Args:
+        cell: ``"revgru"`` or ``"revlstm"``.
+        input_size, hidden_size, num_layers: sizes (hidden size even: the state is split in halves).
+        dropout: locked dropout between layers (one mask per batch, reused when reversing).
+        max_forget_bits: at most this many bits forgotten per unit per step (1, 2, 3, 5 or None).
+        slice_dim: store the first ``slice_dim`` units of the top layer's output at every step,
+            exactly, as attention memory (0: none).
+        buffer_lanes: lanes per batch row of the information buffer, shared by all rows. The
+            state groups are folded onto them; fewer lanes fill their 64-bit words better. ``None``: the
+            default for the device (:data:`DEFAULT_LANES`). The words feed the lowest bits of each
+            product, so the lane count is part of what a run computes.
+    """
+
+    def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
+                 max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None,
+                 buffer_backend: str = "auto", eager_checks: bool | None = None) -> None:
+        super().__init__()
+        if cell not in REV_CELLS:
+            raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
+        if not 0 <= slice_dim <= hidden_size:
+            raise ValueError(f"slice_dim must be in [0, hidden_size={hidden_size}], got {slice_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if buffer_lanes is not None and buffer_lanes < 1:
+            raise ValueError(f"buffer_lanes must be positive, got {buffer_lanes}")
+        if buffer_backend not in backends.BACKENDS:
+            raise ValueError(f"unknown buffer backend {buffer_backend!r}; choose one of {', '.join(backends.BACKENDS)}")
+        self.cells: nn.ModuleList = nn.ModuleList(
+            REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, max_forget_bits)
+            for layer in range(num_layers)
+        )
+        self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
+        self.max_forget_bits, self.slice_dim, self.buffer_lanes = max_forget_bits, slice_dim, buffer_lanes
+        self.buffer_backend, self.eager_checks = buffer_backend, eager_checks
+
+    @property
+    def state_size(self) -> int:
+        """Width of one layer's integer state (H for GRU, 2H for LSTM: h and c)."""
+        return self.cells[0].state_size
+
+    def work_bytes(self, batch: int) -> int:
+        """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
+        one chunk of layer 0's input projections and one reverse step's temporaries."""
+        return InputProjection.held_bytes(self.cells[0], batch) + max(cell.reverse_work_bytes(batch)
+                                                                      for cell in self.cells)
+
+    def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
+        """Integer zeros for every layer."""
+        return [torch.zeros(batch, self.state_size, dtype=torch.int32, device=device) for _ in self.cells]
+
+    def new_buffer(self, batch: int, device: torch.device) -> InformationBuffer:
+        """The information buffer a forward sweep over ``batch`` rows pushes onto.
+
+        The buffer has ``buffer_lanes`` lanes per batch row, and the rows share them: a half's
+        columns of all rows are folded onto all the lanes in ⌈(H/2) / buffer_lanes⌉ chunks (the
+        lane count evened out: 150 columns on "16" lanes are 10 chunks of 15). Words are added for
+        all lanes when the fullest one overflows, so every lane should fill at the same rate: with
+        lanes of its own, a row that forgets more than the others, or the longest sentence of the
+        batch, would set the size of all of them. Shared, each lane takes columns of many rows.
+        """
+        half = self.cells[0].half
+        lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
+        return InformationBuffer(batch, lanes, device, self.max_forget_bits, backend=self.buffer_backend,
+                                 share_rows=True, eager_checks=self.eager_checks)
+
+    def lanes_on(self, device: torch.device) -> int:
+        """The lanes asked for, or the default of the backend the buffer uses on ``device``."""
+        if self.buffer_lanes is not None:
+            return self.buffer_lanes
+        return DEFAULT_LANES[backends.resolve(self.buffer_backend, device)]
+
+    def draw_dropout(self, batch: int, device: torch.device) -> list[torch.Tensor | None]:
+        """Inverted-dropout masks for the inputs of layers 1…L−1, one per batch (locked over time)."""
+        masks: list[torch.Tensor | None] = [None]
+        for _ in range(1, self.num_layers):
+            if self.training and self.dropout > 0:
+                keep = torch.full((batch, self.hidden_size), 1 - self.dropout, device=device)
+                masks.append(torch.bernoulli(keep) / (1 - self.dropout))
+            else:
+                masks.append(None)
+        return masks
+
+    def _stored(self, layer: int) -> int:
+        """Output columns of ``layer`` kept exactly as the attention slice (top layer only)."""
+        return self.slice_dim if layer == self.num_layers - 1 else 0
+
+    def _layer_input(self, layer: int, below: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
+        """The input of layer l > 0: the output of the int state ``below`` of layer l − 1."""
+        return self._drop(layer, self.cells[layer - 1].output(below), dropout)
+
+    @torch.no_grad()
+    def _projection(self, layer: int, t: int, projection: InputProjection, below: torch.Tensor,
+                    dropout: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The projected input of ``layer`` at step t, and the input itself for a layer above 0
+        (None for layer 0, whose chunk keeps its own). Layer 0's inputs are known for all steps
+        and projected by chunks; a higher layer's exist only once the layer below has made its step."""
+        if layer == 0:
+            return projection.at(t), None
+        x = self._layer_input(layer, below, dropout)
+        return self.cells[layer].project(x), x
+
+    @staticmethod
+    def _drop(layer: int, x: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
+        """The locked dropout on the input of ``layer``."""
+        return x if dropout[layer] is None else x * dropout[layer]
+
+    # ------------------------------------------------------------------ training by reversal
+
+    @torch.no_grad()
+    def forward_sweep(self, inputs: SequenceInput, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
+                      dropout: list[torch.Tensor | None] | None = None, reversible: bool = True) -> Tape:
+        """Run all steps without autograd; keep only what reversal needs (see module docstring).
+
+        ``reversible=False`` (inference, e.g. encoding for translation) uses no buffer: the forgotten
+        bits are dropped, as in :meth:`step`, and the tape cannot be reversed. This also makes each
+        row's states depend on its own input only: a buffer's words are shared by the batch's rows
+        and feed the lowest bits of every product, so a sentence would translate slightly differently
+        with other batch mates.
+        """
+        with exact_float32(mask.device):
+            return self._forward_steps(inputs, mask, initial, dropout, reversible)
+
+    def _forward_steps(self, inputs, mask, initial, dropout, reversible) -> Tape:
+        steps, batch = mask.shape
+        if len(inputs) != steps:
+            raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
+        device = mask.device
+        states = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
+        buffer = self.new_buffer(batch, device) if reversible else None
+        tape = Tape(states=states, initial=[s.clone() for s in states], buffer=buffer,
+                    mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
+                    slices=None, guard=None if reversible else OverflowGuard(device))
+        if self.slice_dim:
+            tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
+        projection = InputProjection(self.cells[0], inputs)
+        for t in range(steps):
+            for layer, cell in enumerate(self.cells):
+                p, _ = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                states[layer] = cell.forward_int(p, states[layer], tape.buffer, mask[t], tape.guard,
+                                                 self._stored(layer))
+            if tape.slices is not None:
+                tape.slices[t] = states[-1][:, : self.slice_dim]
+        tape.check()  # one host sync per sweep, not per step
+        return tape
+
+    def backward_sweep(self, tape: Tape, inputs: SequenceInput, grad_final: list[torch.Tensor | None] | None = None,
+                       output_grad: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
+                       slice_grad: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Reverse the sweep step by step, accumulating parameter gradients into ``.grad``.
+
+        Args:
+            grad_final: gradient of the loss w.r.t. each layer's final state (real values), or None.
+            output_grad: called as ``output_grad(t, out_t)`` with the top layer's float output at
+                step t; returns d loss / d out_t (or None). The decoder computes attention and the
+                loss for step t here, so logits never exist for all steps at once.
+            slice_grad: [T, B, k] gradient w.r.t. the stored slices.
+        Returns:
+            The gradient w.r.t. each layer's initial state (real values).
+        Raises:
+            ReversalError: the reconstructed initial state or the emptied buffer is not exact.
+            ValueError: the tape was recorded with ``reversible=False``.
+        """
+        if tape.buffer is None:
+            raise ValueError("this tape was recorded without a buffer (forward_sweep(reversible=False), for "
+                             "inference) and cannot be reversed")
+        try:
+            with exact_float32(tape.mask.device):
+                grads = self._reverse_steps(tape, inputs, grad_final, output_grad, slice_grad)
+        except (BufferError, FixedPointOverflowError) as err:
+            # A wrong reconstruction drives the state or the buffer out of range before the end.
+            raise ReversalError(f"reversal went off the exact path ({err}); gradients would be wrong") from err
+        self._check_exact(tape)
+        return grads
+
+    def _reverse_steps(self, tape, inputs, grad_final, output_grad, slice_grad) -> list[torch.Tensor]:
+        steps, batch = tape.mask.shape
+        top = self.num_layers - 1
+        states = tape.states
+        grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
+                 for g in (grad_final or [None] * self.num_layers)]
+        projection = InputProjection(self.cells[0], inputs)
+        for t in reversed(range(steps)):
+            if output_grad is not None:
+                g_out = output_grad(t, self.cells[top].output(states[top]))
+                if g_out is not None:
+                    grads[top][:, : self.hidden_size] += g_out
+            if slice_grad is not None:
+                grads[top][:, : self.slice_dim] += slice_grad[t]
+            for layer in reversed(range(self.num_layers)):
+                cell = self.cells[layer]
+                restore = None
+                if self._stored(layer):  # the stored slice holds this layer's previous output columns
+                    restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
+                p, x = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
+                                                               tape.mask[t], restore)
+                # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
+                if layer == 0:
+                    projection.backward(t, p_grad)
+                else:
+                    below = cell.project_backward(x, p_grad)
+                    grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, tape.dropout)
+                states[layer] = prev
+        return grads
+
+    def _check_exact(self, tape: Tape) -> None:
+        tape.check()
+        for layer, (got, want) in enumerate(zip(tape.states, tape.initial)):
+            if not torch.equal(got, want):
+                wrong = (got != want).sum().item()
+                raise ReversalError(
+                    f"reversal did not reconstruct the initial state of layer {layer}: {wrong} of {want.numel()} "
+                    "values differ. Forward and reverse computed a gate differently (weights changed between "
+                    "them, nondeterministic kernels, TF32/autocast in one pass only); gradients would be wrong"
+                )
+        if not tape.buffer.is_empty():
+            raise ReversalError("reversal finished but the information buffer is not empty: pushes and pops did "
+                                "not mirror each other; gradients would be wrong")
+
+    # ------------------------------------------------------------------ ordinary backprop (reference)
+
+    def forward_autograd(self, x: torch.Tensor, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
+                         dropout: list[torch.Tensor | None] | None = None,
+                         initial_float: list[torch.Tensor] | None = None):
+        """The same fixed-point, buffered model with every step's graph kept (ordinary backprop).
+
+        ``initial_float`` (optional) carries the graph into the initial states, whose exact values
+        are ``initial``. Returns (outputs [T, B, H] float, final float states per layer, slices
+        [T, B, k] float or None, final int states). Values are the exact fixed-point values;
+        gradients are the ones reversal computes.
+        """
+        with exact_float32(mask.device):
+            return self._autograd_steps(x, mask, initial, dropout, initial_float)
+
+    def _autograd_steps(self, x, mask, initial, dropout, initial_float):
+        steps, batch = mask.shape
+        device = mask.device
+        ints = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
+        floats = list(initial_float) if initial_float is not None else [to_float(s) for s in ints]
+        dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
+        buf = self.new_buffer(batch, device)
+        outputs, slices = [], []
+        projected = project_steps(self.cells[0], x)  # the values the sweeps compute chunk by chunk
+        for t in range(steps):
+            for layer, cell in enumerate(self.cells):
+                if layer == 0:
+                    p = projected[t]
+                else:
+                    p = cell.project(self._drop(layer, floats[layer - 1][:, : self.hidden_size], dropout))
+                with torch.no_grad():
+                    ints[layer] = cell.forward_int(p.detach(), ints[layer], buf, mask[t], None, self._stored(layer))
+                floats[layer] = cell.forward_diff(p, floats[layer], ints[layer], mask[t])
+            outputs.append(floats[-1][:, : self.hidden_size])
+            slices.append(floats[-1][:, : self.slice_dim])
+        buf.check()
+        return torch.stack(outputs), floats, torch.stack(slices) if self.slice_dim else None, ints
+
+    # ------------------------------------------------------------------ inference
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, states: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One step for every row without a buffer (inference: nothing will be reversed)."""
+        mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        new = []
+        for layer, cell in enumerate(self.cells):
+            inp = x if layer == 0 else self.cells[layer - 1].output(new[-1])
+            new.append(cell.forward_int(cell.project(inp), states[layer], None, mask))
+        return new

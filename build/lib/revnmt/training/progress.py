@@ -1,0 +1,116 @@
+"""What a training run shows: logging to train.log and the console, and per-step progress.
+
+On a terminal each epoch gets a tqdm bar (tokens/s, loss, lr, peak memory); otherwise (log files, CI) a plain
+log line every ``--log-every`` steps, since a bar redrawn with carriage returns makes logs unreadable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from revnmt.memory.peak import PeakMeter
+from revnmt.memory.sizes import format_bytes
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+BAR_REFRESH_S = 1.0  # at most this often the bar's loss is read back (a device sync)
+
+
+@contextmanager
+def logging_to(log_file: str | os.PathLike[str] | None, level: int = logging.INFO, label: str = "") -> Iterator[None]:
+    """Send ``level`` and above to stderr and ``log_file`` (appended; none if None) for the duration
+    of a run, each line after ``label`` (which tells the processes of a distributed run apart)."""
+    root = logging.getLogger()
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    old_level = root.level
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(label.replace("%", "%%") + LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        yield
+    finally:  # a run started in-process (tests) leaves the logging as it found it
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(old_level)
+
+
+class StepReporter:
+    """Mean loss per target token and throughput over windows of steps.
+
+    Losses are summed on the device and read back only when shown, so that reporting does not
+    force a device sync every step.
+    """
+
+    def __init__(self, log_every: int, logger: logging.Logger, memory: Callable[[], str], bar: bool | None = None
+                 ) -> None:
+        """``memory`` says what the run's memory peaked at, for every log line."""
+        self.log_every, self.logger, self.memory = log_every, logger, memory
+        self.use_bar = sys.stderr.isatty() if bar is None else bar
+        self._bar: tqdm | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._loss: torch.Tensor | float = 0.0
+        self._tokens = 0
+        self._start = time.monotonic()
+
+    @contextmanager
+    def epoch(self, epoch: int, n_batches: int, done: int) -> Iterator[None]:
+        """Report the steps of one epoch (``done`` of its ``n_batches`` already trained)."""
+        self._reset()
+        self._epoch, self._n_batches, self._batch, self._lr = epoch, n_batches, done, 0.0
+        if self.use_bar:
+            # Log lines written during the epoch go above the bar instead of through it.
+            with logging_redirect_tqdm(), tqdm(total=n_batches, initial=done, desc=f"epoch {epoch}", unit="batch",
+                                               dynamic_ncols=True, leave=False) as self._bar:
+                self._last_refresh = time.monotonic()
+                yield
+            self._bar = None
+        else:
+            yield
+        if self._tokens:  # the steps since the last log line (all of them if the bar has gone)
+            self._log()
+
+    def step(self, step: int, batch: int, loss: torch.Tensor, n_tokens: int, lr: float) -> None:
+        """Account for one update: ``loss`` summed over ``n_tokens`` target tokens."""
+        self._loss = self._loss + loss.detach()
+        self._tokens += n_tokens
+        self._step, self._batch, self._lr = step, batch, lr
+        if self._bar is not None:
+            self._bar.update(1)
+            if time.monotonic() - self._last_refresh >= BAR_REFRESH_S:
+                self._bar.set_postfix_str(self._summary())
+                self._last_refresh = time.monotonic()
+        elif step % self.log_every == 0:
+            self._log()
+
+    def _log(self) -> None:
+        self.logger.info("epoch %d | step %d | batch %d/%d | %s", self._epoch, self._step, self._batch,
+                         self._n_batches, self._summary())
+        self._reset()
+
+    def _summary(self) -> str:
+        loss = float(self._loss) / max(self._tokens, 1)
+        rate = self._tokens / max(time.monotonic() - self._start, 1e-9)
+        return (f"loss {loss:.3f} | ppl {math.exp(min(loss, 50)):.1f} | lr {self._lr:.2e} | {rate:.0f} tok/s | "
+                f"{self.memory()}")
+
+
+def peak_memory(device: torch.device) -> str:
+    """The run's peak memory so far, labelled with what measured it: the process's RSS on CPU, the
+    allocator's reserved memory on CUDA (what a memory limit and an out-of-memory error see)."""
+    meter = PeakMeter(device)
+    return f"peak {meter.what} {format_bytes(meter.peak())}"

@@ -1,0 +1,282 @@
+"""The training loop: updates, validation, LR decay, early stopping, checkpoints that resume exactly.
+
+A checkpoint holds the model, optimizer, scheduler, every RNG and the position inside the epoch.
+Batch order is a pure function of (seed, epoch), so a resumed run rebuilds the epoch's batches,
+skips those already trained on, and makes the same updates as a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
+from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
+from revnmt.memory.budget import BudgetGuard, BudgetPlan
+from revnmt.model import Seq2Seq
+from revnmt.translator import Translator, evaluate
+
+from .config import RunConfig
+from .progress import StepReporter, peak_memory
+from .schedule import build_optimizer, build_scheduler, current_lr
+
+logger = logging.getLogger(__name__)
+
+VALID_TSV = "valid.tsv"
+VALID_COLUMNS = ("epoch", "step", "dev_loss", "dev_ppl", "dev_bleu", "lr", "elapsed_s")
+
+
+def derived_seed(*keys: int) -> int:
+    """A seed for a random stream of its own (a worker's, a rank's), from the run's seed and a position."""
+    return int(np.random.SeedSequence(keys).generate_state(1)[0])
+
+
+def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> torch.Tensor:
+    """Set ``model``'s ``.grad`` to the gradients of the batch made of ``parts``; returns its summed loss.
+
+    ``train_step`` accumulates the gradients itself (reversible models train by reversal), so the old
+    ones are dropped first, and each part's loss is divided by the whole batch's target tokens: the
+    parts' gradients add up to the batch's.
+    """
+    model.zero_grad(set_to_none=True)
+    n_tokens = sum(part.n_tokens for part in parts)
+    return sum(model.train_step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens)
+               for part in parts)
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, clip: float) -> None:
+    """Clip the gradient norm of ``optimizer``'s parameters to ``clip`` (0: no clipping), then step."""
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
+    optimizer.step()
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands; saved in checkpoints as ``"trainer"``."""
+
+    epoch: int = 1  # the epoch in progress, from 1
+    batch_in_epoch: int = 0  # batches of ``sampler.batches(epoch)`` already trained on
+    step: int = 0  # updates so far
+    best_bleu: float = -1.0  # of all validations (best.pt); below any score, so the first one counts
+    best_step: int = 0
+    # --patience compares end-of-epoch dev BLEU with the best end-of-epoch dev BLEU only, so that a
+    # validation at a --max-steps stop does not change when a resumed run stops.
+    epoch_best_bleu: float = -1.0
+    bad_epochs: int = 0
+    elapsed_s: float = 0.0  # training and validation time over all sessions
+    train_tokens: int = 0  # target tokens of this process's updates, for throughput
+    train_s: float = 0.0  # time in this process's update loop alone (no validation), over all sessions
+
+
+@dataclass(frozen=True)
+class Validation:
+    loss: float  # per target token
+    bleu: float
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.loss, 100.0))
+
+
+class Trainer:
+    """Trains ``model`` on ``data`` as ``config`` says, saving into its ``save_dir``."""
+
+    def __init__(self, config: RunConfig, data: TrainingData, model: Seq2Seq, plan: BudgetPlan | None = None) -> None:
+        """``plan`` (from ``--memory-budget``) replaces the batch options."""
+        cfg = config.training
+        self.config, self.data, self.model, self.plan = config, data, model, plan
+        self.save_dir = Path(cfg.save_dir)
+        self.optimizer = build_optimizer(cfg, model.parameters())
+        self.scheduler = build_scheduler(cfg, self.optimizer)
+        self.state = TrainerState()
+        batch_tokens, batch_size = (plan.batch_tokens, None) if plan else (cfg.batch_tokens, cfg.batch_size)
+        self.sampler = BatchSampler(data.train.lengths, batch_tokens=batch_tokens, batch_size=batch_size,
+                                    shuffle=True, seed=cfg.seed)
+        self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
+        self.device = next(model.parameters()).device
+        # With a budget, every step's measured peak is checked against it (and the log shows both).
+        self.guard = BudgetGuard(plan, self.device) if plan else None
+        self.reporter = StepReporter(cfg.log_every, logger, self._memory_line)
+        self.eval_batch_size = plan.eval_batch_size if plan else cfg.eval_batch_size
+        # Each update trains batch ``rank`` of a group of ``world_size`` consecutive batches, one per
+        # process (DistributedTrainer); a single process trains every batch.
+        self.rank, self.world_size = 0, 1
+        self._session_start, self._elapsed_before = time.monotonic(), 0.0
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything needed to translate with the model or to resume the run (weights_only-loadable)."""
+        self.state.elapsed_s = self.elapsed()
+        return {
+            "model_config": self.model.cfg.to_dict(),
+            "model": self.model.state_dict(),
+            "src_vocab": self.data.src_vocab.itos,
+            "tgt_vocab": self.data.tgt_vocab.itos,
+            "data": self.data.options.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer": asdict(self.state),
+            "rng": rng_state(),
+            "args": self.config.options(),
+            "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()},
+        }
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue the run saved in ``checkpoint`` (its model options must be this model's)."""
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.state = TrainerState(**checkpoint["trainer"])
+        self._elapsed_before = self.state.elapsed_s
+        set_rng_state(checkpoint["rng"])  # last: building the model above drew from the generators
+
+    def _save(self, best: bool) -> None:
+        checkpoint = self.checkpoint()
+        save_checkpoint(self.save_dir / LAST_CHECKPOINT, checkpoint)
+        if best:
+            save_checkpoint(self.save_dir / BEST_CHECKPOINT, checkpoint)
+
+    def elapsed(self) -> float:
+        return self._elapsed_before + time.monotonic() - self._session_start
+
+    # ------------------------------------------------------------------ the loop
+
+    def stop_reason(self) -> str | None:
+        """Why training is over, or None while it is not."""
+        cfg, state = self.config.training, self.state
+        if cfg.max_steps is not None and state.step >= cfg.max_steps:
+            return f"reached --max-steps {cfg.max_steps}"
+        if state.epoch > cfg.epochs:
+            return f"completed --epochs {cfg.epochs}"
+        if state.bad_epochs >= cfg.patience:
+            return f"no dev BLEU improvement in {state.bad_epochs} epochs (--patience {cfg.patience})"
+        if current_lr(self.optimizer) < cfg.min_lr:
+            return f"learning rate {current_lr(self.optimizer):.2e} is below --min-lr {cfg.min_lr:g}"
+        return None
+
+    def train(self) -> str:
+        """Train until a stop condition holds; return it.
+
+        Validation follows every epoch, and a stop at ``--max-steps`` inside an epoch. Only
+        end-of-epoch validations step the LR schedule and the patience count, so where a run
+        was stopped and resumed changes neither its updates nor when it stops (only best.pt
+        can differ: the stop's validation may find a better model).
+        """
+        if self.state.step == 0:
+            self._write_tsv_header()
+        logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters", self.state.epoch,
+                    self.state.step, len(self.sampler.batches(self.state.epoch)),
+                    sum(p.numel() for p in self.model.parameters()))
+        while (reason := self.stop_reason()) is None:
+            epoch_done = self._train_epoch()
+            self._validate(end_of_epoch=epoch_done)
+        logger.info("training stopped: %s; best dev BLEU %.2f at step %d", reason, self.state.best_bleu,
+                    self.state.best_step)
+        return reason
+
+    def _train_epoch(self) -> bool:
+        """Train on the rest of the current epoch; False if ``--max-steps`` cut it short."""
+        cfg, state = self.config.training, self.state
+        batches = self.sampler.batches(state.epoch)
+        # With several processes the last len % world_size batches are left out: every process
+        # must take part in every update (DistributedTrainer averages their gradients).
+        n_batches = len(batches) - len(batches) % self.world_size
+        self.model.train()
+        tick = time.monotonic()
+        with self.reporter.epoch(state.epoch, n_batches, state.batch_in_epoch):
+            for first in range(state.batch_in_epoch, n_batches, self.world_size):
+                parts = self._parts(batches[first + self.rank])
+                loss = self._update(parts)
+                if self.guard is not None:
+                    self._check_budget(batches[first + self.rank], parts)
+                state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
+                n_tokens = sum(part.n_tokens for part in parts)
+                # Counted per step (not per epoch) so that a --save-every checkpoint carries it.
+                state.train_tokens += n_tokens
+                state.train_s += time.monotonic() - tick
+                self.reporter.step(state.step, state.batch_in_epoch, loss, n_tokens, current_lr(self.optimizer))
+                if cfg.save_every and state.step % cfg.save_every == 0:
+                    self._save(best=False)
+                tick = time.monotonic()
+                if cfg.max_steps is not None and state.step >= cfg.max_steps:
+                    break
+        return state.batch_in_epoch == n_batches
+
+    def _parts(self, indices: list[int]) -> list[Batch]:
+        """The batch of these training pairs, on the device: whole, or in parts of at most the plan's
+        ``step_tokens`` padded tokens once a step has gone over the memory budget."""
+        limit = self.plan.step_tokens if self.plan is not None else None
+        length = int(self.data.train.lengths[indices].max())
+        if limit is None or len(indices) * length <= limit:
+            return [make_batch(self.data.train, indices).to(self.device)]
+        ordered = sorted(indices, key=lambda i: -int(self.data.train.lengths[i]))  # similar lengths together
+        size = max(1, limit // length)
+        return [make_batch(self.data.train, ordered[i: i + size]).to(self.device) for i in range(0, len(ordered), size)]
+
+    def _check_budget(self, indices: list[int], parts: list[Batch]) -> None:
+        length = int(self.data.train.lengths[indices].max())
+        if not self.guard.check(len(indices), length, max(len(part) for part in parts) * length):
+            logger.info("%s", self.plan.describe())
+
+    def _memory_line(self) -> str:
+        return self.guard.describe_peak() if self.guard is not None else peak_memory(self.device)
+
+    def _update(self, parts: list[Batch]) -> torch.Tensor:
+        """One optimizer step on the batch made of ``parts``; returns its summed loss."""
+        loss = compute_gradients(self.model, parts)
+        clip_and_step(self.optimizer, self.config.training.clip)
+        return loss
+
+    # ------------------------------------------------------------------ validation
+
+    def evaluate(self) -> Validation:
+        """Dev loss per token (teacher forcing) and sacreBLEU of the dev translations."""
+        self.model.eval()
+        total, tokens = 0.0, 0
+        for indices in sorted_batches(self.data.valid.lengths, self.eval_batch_size):
+            batch = make_batch(self.data.valid, indices).to(self.device)
+            total += self.model.loss(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out).item()
+            tokens += batch.n_tokens
+        hyps = self.translator.translate(self.data.valid_text.src, beam=self.config.training.valid_beam,
+                                         batch_size=self.eval_batch_size, progress=self.reporter.use_bar)
+        scores = evaluate(hyps, self.data.valid_text.tgt, self.data.options)
+        for line in scores.lines():
+            logger.info("dev %s", line)
+        self.model.train()
+        return Validation(loss=total / tokens, bleu=scores.sacrebleu.score)
+
+    def _validate(self, end_of_epoch: bool) -> None:
+        state, epoch, lr = self.state, self.state.epoch, current_lr(self.optimizer)
+        result = self.evaluate()
+        improved = result.bleu > state.best_bleu
+        if improved:
+            state.best_bleu, state.best_step = result.bleu, state.step
+        if end_of_epoch:
+            if result.bleu > state.epoch_best_bleu:
+                state.epoch_best_bleu, state.bad_epochs = result.bleu, 0
+            else:
+                state.bad_epochs += 1
+            self.scheduler.step(result.loss)
+            if current_lr(self.optimizer) < lr:
+                logger.info("dev loss did not improve: learning rate %.2e -> %.2e", lr, current_lr(self.optimizer))
+            state.epoch, state.batch_in_epoch = epoch + 1, 0
+        logger.info("validation after epoch %d%s, step %d: dev loss %.3f | ppl %.2f | BLEU %.2f%s", epoch,
+                    "" if end_of_epoch else " (part)", state.step, result.loss, result.ppl, result.bleu,
+                    " (best)" if improved else f" (best {state.best_bleu:.2f} at step {state.best_step})")
+        row = (epoch, state.step, f"{result.loss:.4f}", f"{result.ppl:.2f}", f"{result.bleu:.2f}", f"{lr:.3g}",
+               f"{self.elapsed():.0f}")
+        with open(self.save_dir / VALID_TSV, "a", encoding="utf-8") as f:
+            f.write("\t".join(map(str, row)) + "\n")
+        self._save(best=improved)
+
+    def _write_tsv_header(self) -> None:
+        (self.save_dir / VALID_TSV).write_text("\t".join(VALID_COLUMNS) + "\n", encoding="utf-8")

@@ -1,0 +1,146 @@
+"""Raw text in, raw text out: tokenization, vocabularies, batched search and detokenization."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
+from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Detokenizer, Tokenizer, Vocabulary, sorted_batches
+from revnmt.model import Seq2Seq
+from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
+from revnmt.search import beam_search, greedy
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_INPUT_LEN = 100  # for checkpoints whose data options set no length limit
+_MAX_REPORTED_LINES = 5  # line numbers a truncation warning lists before it only counts
+
+
+class Translator:
+    """Translates raw sentences with a model, its vocabularies and its data options."""
+
+    def __init__(self, model: Seq2Seq, src_vocab: Vocabulary, tgt_vocab: Vocabulary, data: DataOptions,
+                 max_input_len: int | None = None) -> None:
+        """``max_input_len`` (tokens; default: the data's ``max_len``, else 100) truncates longer inputs."""
+        self.model, self.src_vocab, self.tgt_vocab, self.data = model, src_vocab, tgt_vocab, data
+        self.max_input_len = max_input_len or data.max_len or DEFAULT_MAX_INPUT_LEN
+        self.tokenizer = Tokenizer(data.src, lowercase=data.lowercase)
+        self.detokenizer = Detokenizer(data.tgt)
+
+    @classmethod
+    def from_checkpoint(cls, path_or_dir: str | os.PathLike[str], device: str | torch.device = "cpu",
+                        max_input_len: int | None = None) -> Translator:
+        """Rebuild model, vocabularies and tokenizers from a checkpoint file or a run directory
+        (its ``best.pt``, else ``last.pt``)."""
+        path = resolve_checkpoint(path_or_dir)
+        state = load_checkpoint(path, map_location="cpu")
+        model = Seq2Seq.from_checkpoint_state(state)
+        vocabs = [Vocabulary(state[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
+        step = state.get("trainer", {}).get("step")
+        logger.info("loaded %s%s", path, "" if step is None else f" (step {step})")
+        return cls(model.to(device).eval(), *vocabs, DataOptions(**state["data"]), max_input_len)
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""
+        return [self.src_vocab.encode(tokens) for tokens in self._source_tokens(lines)]
+
+    def _source_tokens(self, lines: Sequence[str]) -> list[list[str]]:
+        tokenized, truncated = [], []
+        for number, line in enumerate(lines, start=1):
+            tokens = self.tokenizer.tokenize(line)
+            if len(tokens) > self.max_input_len:
+                truncated.append(number)
+                tokens = tokens[: self.max_input_len]
+            tokenized.append(tokens)
+        if truncated:
+            shown = ", ".join(map(str, truncated[:_MAX_REPORTED_LINES]))
+            more = f" and {len(truncated) - _MAX_REPORTED_LINES} more" if len(truncated) > _MAX_REPORTED_LINES else ""
+            logger.warning("truncated %d input line(s) longer than %d tokens: line %s%s",
+                           len(truncated), self.max_input_len, shown, more)
+        return tokenized
+
+    def translate(self, lines: Sequence[str], beam: int = 5, batch_size: int = 32, progress: bool = False,
+                  replace_unk: bool = False) -> list[str]:
+        """One detokenized translation per line, in input order (lines without tokens give "").
+
+        With ``replace_unk`` every ``<unk>`` of an output becomes the source word the attention weighed
+        most when it was predicted (OpenNMT's ``-replace_unk``, which the paper's BLEU used): names and
+        numbers outside the target vocabulary come through."""
+        source_words = self._source_tokens(lines)
+        sources = [self.src_vocab.encode(tokens) for tokens in source_words]
+        todo = [i for i, ids in enumerate(sources) if ids]  # an encoder cannot run on no tokens
+        outputs = [""] * len(lines)
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with tqdm(total=len(todo), desc="translating", unit="sent", disable=not progress, leave=False) as bar:
+                for batch in sorted_batches([len(sources[i]) for i in todo], batch_size):
+                    rows = [sources[todo[j]] for j in batch]
+                    src, src_len = _pad(rows, device)
+                    if beam == 1:
+                        hyps = greedy(self.model, src, src_len)
+                    else:
+                        hyps = beam_search(self.model, src, src_len, beam)
+                    hyp_words = [self.tgt_vocab.decode(ids) for ids in hyps]
+                    if replace_unk:
+                        self._replace_unknown(src, src_len, hyps, hyp_words, [source_words[todo[j]] for j in batch])
+                    for j, tokens in zip(batch, hyp_words):
+                        outputs[todo[j]] = self.detokenizer.detokenize(tokens)
+                    bar.update(len(batch))
+        finally:
+            self.model.train(was_training)
+        return outputs
+
+    def _replace_unknown(self, src: torch.Tensor, src_len: torch.Tensor, hyps: list[list[int]],
+                         outputs: list[list[str]], source_words: list[list[str]]) -> None:
+        """Put into ``outputs`` (the hypotheses' tokens) the source word aligned to each ``<unk>``."""
+        rows = [i for i, ids in enumerate(hyps) if UNK in ids]
+        if not rows:
+            return
+        index = torch.tensor(rows, device=src.device)
+        tgt, _ = _pad([hyps[i] for i in rows], src.device)
+        for i, positions in zip(rows, self.model.align(src[index], src_len[index], tgt).tolist()):
+            outputs[i] = [source_words[i][p] if token == UNK else word
+                          for token, word, p in zip(hyps[i], outputs[i], positions)]
+
+
+def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch-major padded ids and lengths."""
+    src = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+    for i, ids in enumerate(rows):
+        src[i, : len(ids)] = torch.tensor(ids)
+    return src.to(device), torch.tensor([len(ids) for ids in rows], device=device)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores of translations against references."""
+
+    sacrebleu: BleuResult
+    tokenized_bleu: float  # the paper's metric: Moses-tokenized, lowercased, multi-bleu.perl style
+
+    def to_dict(self) -> dict:
+        """Both scores and sacreBLEU's signature (what test.json and ``translate.py --json`` hold)."""
+        return {"sacrebleu": self.sacrebleu.score, "signature": self.sacrebleu.signature,
+                "tokenized_bleu": self.tokenized_bleu}
+
+    def lines(self) -> list[str]:
+        """Both scores as printable lines, each saying what it is."""
+        return [f"sacreBLEU: {self.sacrebleu}", f"tokenized lowercased BLEU (paper): {self.tokenized_bleu:.2f}"]
+
+
+def evaluate(hypotheses: Sequence[str], references: Sequence[str], data: DataOptions) -> Evaluation:
+    """sacreBLEU with its signature, and the paper's tokenized lowercased BLEU.
+
+    A lowercasing model cannot produce capitals, so for it sacreBLEU is case-insensitive
+    (``case:lc`` in the signature).
+    """
+    return Evaluation(corpus_bleu(hypotheses, references, lowercase=data.lowercase),
+                      tokenized_bleu(hypotheses, references, data.tgt))
