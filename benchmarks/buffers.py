@@ -5,8 +5,8 @@
 Prints lane-steps per second (one lane-step = one (row, unit) multiplied exactly once) for
 push_mul and pop_div, and, for gates like a trained model's (σ of N(1, 1.5) under 3-bit max
 forgetting), the bits the buffer allocates against the information-theoretic optimum
-(Σ −log2 z*). Storage figures are analytic bit counts of the buffer's words (level 1 of the
-README's memory levels), not allocator readings.
+(Σ −log2 z*). Storage figures are analytic bit counts of the buffer's words (level 1 of the memory
+levels in docs/memory.md), not allocator readings.
 """
 
 from __future__ import annotations
