@@ -2,7 +2,7 @@
 
     python benchmarks/parallel.py [--workers 1 2] [--train-limit 3000] [--epochs 5] [--target-loss 4.4] [--json FILE]
 
-Trains the same small RevGRU (train.py's options below) on the first --train-limit Multi30K pairs
+Trains the same small RevGRU (revnmt-train's options below) on the first --train-limit Multi30K pairs
 with each number of Hogwild worker processes on the CPU; with several GPUs present, also with one
 worker on one GPU against one worker per GPU. Every run starts from the same weights and stops
 after the epoch whose dev loss (first --valid-limit dev pairs) reaches --target-loss, or after
@@ -59,7 +59,7 @@ class TimedTrainer(HogwildTrainer):
 
 
 def run(name: str, argv: list[str], target: float) -> dict:
-    """Train with train.py's options ``argv``; the figures of the run."""
+    """Train with revnmt-train's options ``argv``; the figures of the run."""
     with tempfile.TemporaryDirectory() as save_dir:
         config = parse_args([*argv, "--save-dir", save_dir])
         data = load_data(config.data)
@@ -110,7 +110,7 @@ def main() -> None:
             runs += [("GPU", n, [*common, "--device", "cuda", "--hogwild", str(n), "--devices",
                                  ",".join(map(str, range(n)))]) for n in (1, gpus)]
         print("command: python " + " ".join(sys.argv))
-        print("train.py options: " + " ".join(common) + f" --device D --hogwild N [--devices 0,..]; "
+        print("revnmt-train options: " + " ".join(common) + f" --device D --hogwild N [--devices 0,..]; "
               f"{torch.get_num_threads()} CPU threads split among the workers; torch {torch.__version__}\n")
         results, baselines = [], {}
         for kind, n, argv in runs:
