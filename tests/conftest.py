@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: the devices and buffer backends every exactness test runs on.
+"""Shared pytest fixtures: the devices and buffer backends every exactness test runs on, and a toy
+English-German corpus with a tiny-model revnmt-train runner.
 
 Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors (slow, exact): the
 variable must be set before the kernels are first imported, which happens lazily on first use.
@@ -6,6 +7,8 @@ variable must be set before the kernels are first imported, which happens lazily
 
 import importlib.util
 import os
+import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,3 +40,43 @@ ALL_BACKENDS = FAST_BACKENDS + [INTERPRETED_TRITON]
 def device(request) -> torch.device:
     """CPU always; CUDA where a GPU is present (skipped cleanly elsewhere)."""
     return torch.device(request.param)
+
+
+LEXICON = {"a": "ein", "the": "der", "man": "mann", "dog": "hund", "cat": "katze", "runs": "läuft",
+           "sleeps": "schläft", "in": "in", "on": "auf", "park": "park", "street": "straße", "big": "großer",
+           "small": "kleiner", "red": "roter", "today": "heute", "and": "und"}
+TINY_MODEL = ["--emb-dim", "16", "--hidden-size", "16", "--slice-dim", "4", "--buffer-lanes", "4",
+              "--min-freq", "1", "--log-every", "2", "--device", "cpu"]
+
+
+def write_toy_corpus(folder: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, str]:
+    """Word-by-word translated sentences of 2-9 words; returns the file prefix of each split."""
+    rng = random.Random(seed)
+    prefixes = {}
+    for split, size in sizes.items():
+        words = [rng.choices(list(LEXICON), k=rng.randint(2, 9)) for _ in range(size)]
+        (folder / f"{split}.en").write_text("".join(" ".join(s).capitalize() + " .\n" for s in words))
+        (folder / f"{split}.de").write_text("".join(" ".join(LEXICON[w] for w in s).capitalize() + " .\n"
+                                                    for s in words))
+        prefixes[split] = str(folder / split)
+    return prefixes
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> dict[str, str]:
+    return write_toy_corpus(tmp_path, {"train": 200, "valid": 20, "test": 10})
+
+
+@pytest.fixture
+def train(toy: dict[str, str]):
+    """Run revnmt-train in-process with a tiny model on the toy corpus; returns the exit status."""
+
+    def run(save_dir: Path, *options: str, train_prefix: str | None = None) -> int:
+        # a fixed batch unless the memory budget is to choose it
+        batch = [] if "--memory-budget" in options else ["--batch-size", "32"]
+        from revnmt.cli.train import main  # imported late: TRITON_INTERPRET is set above first
+
+        return main(["--train", train_prefix or toy["train"], "--valid", toy["valid"], "--save-dir", str(save_dir),
+                     *TINY_MODEL, *batch, *options])
+
+    return run

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import TINY_MODEL
 
 from revnmt.checkpoint import load_checkpoint
 from revnmt.model import Seq2Seq
@@ -126,13 +127,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_ranks_train_identical_weights(train, toy, tmp_path):
-    # the train fixture's model options: pytest loads several modules as "conftest", so none imports by name
-    tiny_model = train.__globals__["TINY_MODEL"]
+def test_torchrun_ranks_train_identical_weights(toy, tmp_path):
     run = tmp_path / "ranks"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(_free_port()), "train.py", "--train", toy["train"], "--valid", toy["valid"],
-               "--save-dir", str(run), *tiny_model, "--batch-size", "32", "--epochs", "2", *FAST]
+               "--save-dir", str(run), *TINY_MODEL, "--batch-size", "32", "--epochs", "2", *FAST]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
 
