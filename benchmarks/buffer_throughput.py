@@ -1,6 +1,6 @@
 """Benchmark the information buffer: push/pop throughput and how close storage gets to the optimum.
 
-    python benchmarks/buffers.py [--device cpu|cuda] [--json FILE]
+    python benchmarks/buffer_throughput.py [--device cpu|cuda] [--json FILE]
 
 Prints lane-steps per second (one lane-step = one (row, unit) multiplied exactly once) for
 push_mul and pop_div, and, for gates like a trained model's (σ of N(1, 1.5) under 3-bit max
