@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,19 +41,43 @@ def decode_lines(data: bytes, name: str) -> list[str]:
     lines: list[str] = []
     bad_lines: list[int] = []
     for number, raw in enumerate(raw_lines, start=1):
-        raw = raw.removesuffix(b"\r")
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            lines.append(raw.decode("utf-8", errors="replace"))
+        line, valid = _decode_line(raw)
+        lines.append(line)
+        if not valid:
             bad_lines.append(number)
+    _report_invalid(name, bad_lines)
+    return lines
+
+
+def decode_stream(stream: Iterable[bytes], name: str) -> Iterator[str]:
+    """:func:`decode_lines` line by line, for input that arrives over time (stdin): each line of a
+    binary stream (which splits on b"\\n" only) is decoded as soon as it is read, and invalid UTF-8
+    is logged at once, in a warning for that line."""
+    for number, raw in enumerate(stream, start=1):
+        line, valid = _decode_line(raw.removesuffix(b"\n"))
+        if not valid:
+            _report_invalid(name, [number])
+        yield line
+
+
+def _decode_line(raw: bytes) -> tuple[str, bool]:
+    """A line (without its b"\\n") decoded without a final "\\r", and False if it held invalid UTF-8
+    (replaced by U+FFFD)."""
+    raw = raw.removesuffix(b"\r")
+    try:
+        return raw.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="replace"), False
+
+
+def _report_invalid(name: str, bad_lines: list[int]) -> None:
+    """One warning for the lines of ``name`` (1-based numbers) that held invalid UTF-8, if any."""
     if bad_lines:
         shown = ", ".join(map(str, bad_lines[:_MAX_REPORTED_LINES]))
         more = f" and {len(bad_lines) - _MAX_REPORTED_LINES} more" if len(bad_lines) > _MAX_REPORTED_LINES else ""
         logger.warning(
             "%s: invalid UTF-8 replaced by U+FFFD on %d line(s): %s%s", name, len(bad_lines), shown, more
         )
-    return lines
 
 
 @dataclass

@@ -1,10 +1,11 @@
 import gzip
+import io
 import logging
 from pathlib import Path
 
 import pytest
 
-from revnmt.data import ParallelCorpus, load_parallel, read_lines
+from revnmt.data import ParallelCorpus, decode_lines, decode_stream, load_parallel, read_lines
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -46,6 +47,19 @@ def test_read_lines_reports_only_the_first_few_bad_lines(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         read_lines(path)
     assert "1, 2, 3, 4, 5 and 3 more" in caplog.text
+
+
+@pytest.mark.parametrize("data", [TRICKY, b"fine\ncaf\xe9\r\n\n\xff\xfe\n", b"a  \n\n", b"\n", b""])
+def test_decode_stream_splits_and_decodes_as_decode_lines(data):
+    assert list(decode_stream(io.BytesIO(data), "stdin")) == decode_lines(data, "stdin")
+
+
+def test_decode_stream_reports_a_bad_line_once_it_is_read(caplog):
+    lines = decode_stream(io.BytesIO(b"fine\ncaf\xe9\nok\n"), "stdin")
+    with caplog.at_level(logging.WARNING):
+        assert next(lines) == "fine" and not caplog.text
+        assert next(lines) == "caf\ufffd"
+        assert "stdin: invalid UTF-8 replaced by U+FFFD on 1 line(s): 2" in caplog.text
 
 
 def test_read_lines_missing_file(tmp_path):
