@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from queue import Empty, Queue
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm
@@ -50,9 +53,10 @@ class Translator:
         """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""
         return [self.src_vocab.encode(tokens) for tokens in self._source_tokens(lines)]
 
-    def _source_tokens(self, lines: Sequence[str]) -> list[list[str]]:
+    def _source_tokens(self, lines: Sequence[str], first_number: int = 1) -> list[list[str]]:
+        """Tokens of each line; the truncation warning numbers lines from ``first_number``."""
         tokenized, truncated = [], []
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(lines, start=first_number):
             tokens = self.tokenizer.tokenize(line)
             if len(tokens) > self.max_input_len:
                 truncated.append(number)
@@ -73,29 +77,57 @@ class Translator:
         most when it was predicted (OpenNMT's ``-replace_unk``, which the paper's BLEU used): names and
         numbers outside the target vocabulary come through."""
         source_words = self._source_tokens(lines)
-        sources = [self.src_vocab.encode(tokens) for tokens in source_words]
-        todo = [i for i, ids in enumerate(sources) if ids]  # an encoder cannot run on no tokens
         outputs = [""] * len(lines)
-        device = next(self.model.parameters()).device
+        with tqdm(total=len(lines), desc="translating", unit="sent", disable=not progress, leave=False) as bar:
+            for batch in sorted_batches([len(words) for words in source_words], batch_size):
+                translated = self._translate_batch([source_words[i] for i in batch], beam, replace_unk)
+                for i, output in zip(batch, translated):
+                    outputs[i] = output
+                bar.update(len(batch))
+        return outputs
+
+    def translate_stream(self, lines: Iterable[str], beam: int = 5, batch_size: int = 32,
+                         replace_unk: bool = False) -> Iterator[str]:
+        """:meth:`translate` for lines that arrive one by one (a pipe, a user typing): each translation
+        is yielded once its batch is done, in input order.
+
+        A batch is up to ``batch_size`` lines, but never waits for more input once it holds a line and
+        no further line is there yet: a user who types one line sees its translation without typing
+        more, and a fast pipe still fills whole batches (lines queue up while one batch translates).
+        Batches are not sorted by length, so a whole file translates faster with :meth:`translate`;
+        outputs are the same, a sentence's translation not depending on its batch mates.
+
+        A daemon thread reads ``lines`` (see ``_ready_batches``). To read stdin, give it a stream of
+        its own (``open(sys.stdin.fileno(), "rb", closefd=False)``), not ``sys.stdin``: Python aborts at
+        shutdown if a daemon thread is blocked in a read of ``sys.stdin.buffer`` then.
+        """
+        done = 0
+        for batch in _ready_batches(lines, batch_size):
+            yield from self._translate_batch(self._source_tokens(batch, first_number=done + 1), beam, replace_unk)
+            done += len(batch)
+
+    def _translate_batch(self, source_words: list[list[str]], beam: int, replace_unk: bool) -> list[str]:
+        """Detokenized translations of one batch of tokenized sources ("" for those without tokens)."""
+        todo = [i for i, words in enumerate(source_words) if words]  # an encoder cannot run on no tokens
+        outputs = [""] * len(source_words)
+        if not todo:
+            return outputs
         was_training = self.model.training
         self.model.eval()
         try:
-            with tqdm(total=len(todo), desc="translating", unit="sent", disable=not progress, leave=False) as bar:
-                for batch in sorted_batches([len(sources[i]) for i in todo], batch_size):
-                    rows = [sources[todo[j]] for j in batch]
-                    src, src_len = _pad(rows, device)
-                    if beam == 1:
-                        hyps = greedy(self.model, src, src_len)
-                    else:
-                        hyps = beam_search(self.model, src, src_len, beam)
-                    hyp_words = [self.tgt_vocab.decode(ids) for ids in hyps]
-                    if replace_unk:
-                        self._replace_unknown(src, src_len, hyps, hyp_words, [source_words[todo[j]] for j in batch])
-                    for j, tokens in zip(batch, hyp_words):
-                        outputs[todo[j]] = self.detokenizer.detokenize(tokens)
-                    bar.update(len(batch))
+            src, src_len = _pad([self.src_vocab.encode(source_words[i]) for i in todo],
+                                next(self.model.parameters()).device)
+            if beam == 1:
+                hyps = greedy(self.model, src, src_len)
+            else:
+                hyps = beam_search(self.model, src, src_len, beam)
+            hyp_words = [self.tgt_vocab.decode(ids) for ids in hyps]
+            if replace_unk:
+                self._replace_unknown(src, src_len, hyps, hyp_words, [source_words[i] for i in todo])
         finally:
             self.model.train(was_training)
+        for i, tokens in zip(todo, hyp_words):
+            outputs[i] = self.detokenizer.detokenize(tokens)
         return outputs
 
     def _replace_unknown(self, src: torch.Tensor, src_len: torch.Tensor, hyps: list[list[int]],
@@ -117,6 +149,74 @@ def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
     for i, ids in enumerate(rows):
         src[i, : len(ids)] = torch.tensor(ids)
     return src.to(device), torch.tensor([len(ids) for ids in rows], device=device)
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What the reader thread of :func:`_ready_batches` queues when reading raised."""
+
+    error: BaseException
+
+
+_END = object()  # queued after the last item
+
+
+def _ready_batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in order, in lists of 1 to ``size``: each list as soon as it holds an item and no
+    further item is there yet, or it is full.
+
+    A thread reads ``items`` into a queue, and a batch takes what is queued. Reading may block (a
+    terminal waits for its user; a pipe for its writer, perhaps in mid-line) without holding back
+    the lines already read. Unlike ``select`` on a file descriptor this works for any iterable
+    (generators in tests, text streams, platforms without ``select`` on pipes), and it knows whether
+    a whole line is there, not just some bytes. The queue holds one batch, so reading keeps one
+    batch ahead of translation and no more (memory stays bounded on a long input). Errors raised
+    while reading are raised here. The thread is a daemon: a read that blocks forever (the consumer
+    stopped early and the input stays open) must not keep the process alive.
+    """
+    if size < 1:
+        raise ValueError(f"batch size must be positive, got {size}")
+    queue: Queue = Queue(maxsize=size)
+    stopped = threading.Event()
+
+    def read() -> None:
+        try:
+            for item in items:
+                queue.put(item)
+                if stopped.is_set():
+                    return
+            queue.put(_END)
+        except BaseException as error:  # handed to the consumer, which raises it
+            queue.put(_Failed(error))
+
+    threading.Thread(target=read, name="revnmt-input", daemon=True).start()
+    batch: list[T] = []
+    try:
+        while True:
+            try:
+                item = queue.get(block=not batch)  # only a batch's first item is waited for
+            except Empty:
+                yield batch
+                batch = []
+                continue
+            if item is _END:
+                break
+            if isinstance(item, _Failed):
+                raise item.error
+            batch.append(item)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+    finally:
+        # Stopped early: make room for the reader's pending put, after which it sees `stopped` and ends.
+        stopped.set()
+        while not queue.empty():
+            queue.get_nowait()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
+import itertools
 import logging
+import threading
 
 import pytest
 import torch
@@ -100,6 +102,61 @@ def test_translate_restores_training_mode():
     translator.model.train()
     translator.translate(["a man"])
     assert translator.model.training
+
+
+def test_stream_yields_a_translation_before_more_input_arrives():
+    typed_more = threading.Event()
+    consumed = []
+
+    def typing():  # a user who types one line, then waits for its translation
+        for line in ["A man.", "two dogs", "", "a red bike"]:
+            consumed.append(line)
+            yield line
+            if len(consumed) == 1:
+                typed_more.wait(timeout=30)
+
+    outputs = _copier().translate_stream(typing(), beam=2, batch_size=8)
+    assert next(outputs) == "a man."
+    assert len(consumed) == 1 and not typed_more.is_set()  # did not wait for the timeout either
+    typed_more.set()
+    assert list(outputs) == ["two dogs", "", "a red bike"]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("batch_size", [1, 2, 32])
+def test_stream_gives_what_translate_gives(beam, batch_size):
+    lines = ["A man rides a red bike.", "", "Two dogs.", "   ", "A cat rides.", "Two dogs play in the snow.", "a"]
+    for replace_unk in (False, True):
+        expected = _copier().translate(lines, beam=beam, batch_size=batch_size, replace_unk=replace_unk)
+        streamed = _copier().translate_stream(iter(lines), beam=beam, batch_size=batch_size, replace_unk=replace_unk)
+        assert list(streamed) == expected
+
+
+def test_stream_numbers_truncated_lines_across_batches(caplog):
+    lines = ["a man", "two dogs play in the snow", "a", "two dogs play in the snow"]
+    with caplog.at_level(logging.WARNING):
+        outputs = list(_copier(max_input_len=4).translate_stream(lines, beam=1, batch_size=1))
+    assert outputs == ["a man", "two dogs play in", "a", "two dogs play in"]
+    assert "longer than 4 tokens: line 2" in caplog.text and "longer than 4 tokens: line 4" in caplog.text
+
+
+def test_stream_raises_what_reading_raised():
+    def broken():
+        yield "a man"
+        raise OSError("input lost")
+
+    with pytest.raises(OSError, match="input lost"):
+        list(_copier().translate_stream(broken(), beam=1))
+
+
+def test_stream_stopped_early_ends_its_reader_thread():
+    outputs = _copier().translate_stream(itertools.repeat("a man"), beam=1, batch_size=2)
+    assert [next(outputs) for _ in range(3)] == ["a man"] * 3
+    outputs.close()
+    for thread in threading.enumerate():
+        if thread.name == "revnmt-input":
+            thread.join(timeout=30)
+            assert not thread.is_alive()
 
 
 def test_evaluate_reports_both_bleus_case_insensitive_for_lowercasing_models():
