@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from revnmt.atomic import atomic_write_bytes, atomic_write_text
-from revnmt.data import decode_lines, read_lines
+from revnmt.atomic import atomic_write_text
+from revnmt.data import decode_lines, decode_stream, read_lines
 from revnmt.translator import Translator, evaluate
 
 from .options import check_device, default_device
@@ -29,7 +31,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
                         help="checkpoint file, or run directory (its best.pt)")
     parser.add_argument("-i", "--input", metavar="FILE",
-                        help="raw source text, one sentence per line (default: stdin)")
+                        help="raw source text, one sentence per line (default: stdin; from a pipe or a terminal, "
+                        "each batch is translated and written as soon as its lines are in)")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="where translations go, written atomically (default: stdout)")
     parser.add_argument("--beam", type=int, default=5, help="beam size, 1 for greedy search (default: %(default)s)")
@@ -60,31 +63,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         for option, path in (("--output", args.output), ("--json", args.json)):
             if path is not None and not Path(path).resolve().parent.is_dir():
                 raise FileNotFoundError(f"the folder of {option} {path} does not exist")
-        if args.input is not None:
-            lines = read_lines(args.input)
+        # A file given with -i, or redirected to stdin, is read whole and translated in batches sorted by
+        # length (faster); a pipe or a terminal streams.
+        lines = read_lines(args.input) if args.input is not None else _whole_stdin()
         references = read_lines(args.reference) if args.reference else None
         # Before stdin is read: a bad checkpoint should not wait for the user's input to fail.
         translator = Translator.from_checkpoint(args.checkpoint, args.device, args.max_len)
-        if args.input is None:
-            if sys.stdin.isatty():
-                logger.info("reading sentences from the terminal until end of input (Ctrl-D)")
-            lines = decode_lines(sys.stdin.buffer.read(), "stdin")
-        if references is not None and len(references) != len(lines):
-            raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}")
+        if lines is not None:
+            _check_reference_count(args.reference, references, len(lines))
+        elif sys.stdin.isatty():
+            logger.info("reading sentences from the terminal until end of input (Ctrl-D)")
     # Missing or unreadable files are the user's to fix: one line, no traceback.
     except (OSError, ValueError, RuntimeError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return _fail(error)
 
-    hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size, progress=sys.stderr.isatty(),
-                                replace_unk=args.replace_unk)
-    data = "".join(f"{hyp}\n" for hyp in hyps).encode("utf-8")
-    if args.output is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        atomic_write_bytes(args.output, data)
-    if references is not None and lines:
+    try:
+        if lines is None:
+            hyps = _stream(args, translator)
+        else:
+            hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size,
+                                        progress=sys.stderr.isatty(), replace_unk=args.replace_unk)
+            if args.output is None:
+                sys.stdout.buffer.write("".join(f"{hyp}\n" for hyp in hyps).encode("utf-8"))
+                sys.stdout.buffer.flush()
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    if args.output is not None:
+        atomic_write_text(args.output, "".join(f"{hyp}\n" for hyp in hyps))
+    try:
+        _check_reference_count(args.reference, references, len(hyps))
+    except ValueError as error:
+        return _fail(error)
+    if references is not None and hyps:
         scores = evaluate(hyps, references, translator.data)
         for line in scores.lines():
             print(line, file=sys.stderr)
@@ -93,6 +104,41 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "replace_unk": args.replace_unk, **scores.to_dict()}
             atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _whole_stdin() -> list[str] | None:
+    """stdin's lines when it is a regular file (``< FILE``); None for a pipe or a terminal, which stream."""
+    if not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):
+        return None
+    return decode_lines(sys.stdin.buffer.read(), "stdin")
+
+
+def _stream(args: argparse.Namespace, translator: Translator) -> list[str]:
+    """Translate stdin as its lines arrive, each batch written (unless ``-o``) and flushed at once;
+    returns every translation."""
+    # The reader thread gets a stream of its own: Python aborts at exit if a daemon thread is still
+    # reading sys.stdin.buffer.
+    stdin = open(sys.stdin.fileno(), "rb", closefd=False)
+    hyps = []
+    for hyp in translator.translate_stream(decode_stream(stdin, "stdin"), beam=args.beam,
+                                           batch_size=args.batch_size, replace_unk=args.replace_unk):
+        hyps.append(hyp)
+        if args.output is None:
+            sys.stdout.buffer.write(f"{hyp}\n".encode("utf-8"))
+            sys.stdout.buffer.flush()
+    return hyps
+
+
+def _check_reference_count(path: str | None, references: list[str] | None, inputs: int) -> None:
+    """Scores need one reference line per input line."""
+    if references is not None and len(references) != inputs:
+        raise ValueError(f"{path} has {len(references)} lines but the input has {inputs}")
+
+
+def _fail(error: Exception) -> int:
+    """Report an error that is the user's to fix in one line, without a traceback; the exit status."""
+    print(f"{PROG}: error: {error}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
