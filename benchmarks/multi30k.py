@@ -297,7 +297,10 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
         memory = json.loads((run / "memory.json").read_text(encoding="utf-8"))
         result["memory"] = {side: {k: memory[side][k] for k in ("actual_ratio", "optimal_ratio")}
                             for side in ("encoder", "decoder")}
-        result["budget"] = memory.get("budget")
+        budget = memory.get("budget")
+        # Only plans of the peak a memory limit sees (RSS on CPU, reserved memory on CUDA); reports made
+        # before the planner measured that peak ("cpu accounting") do not bound it.
+        result["budget"] = budget if budget and budget.get("measured_by", "").startswith("peak") else None
     return result
 
 
