@@ -45,7 +45,7 @@ from revnmt.cli.options import byte_size
 from revnmt.cli.train import parse_args as train_config
 from revnmt.data import BatchSampler, language_file, load_data, make_batch, multi30k_prefix
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import Seq2Seq
+from revnmt.model import build_model
 from revnmt.training.schedule import build_optimizer
 from revnmt.training.trainer import clip_and_step, compute_gradients
 
@@ -242,7 +242,7 @@ def measure_speed(args: argparse.Namespace) -> dict[str, float]:
     for model in args.models:
         config = train_config(train_options(args, model)).with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
         torch.manual_seed(config.training.seed)
-        nets[model.name] = Seq2Seq(config.model).to(args.device)
+        nets[model.name] = build_model(config.model).to(args.device)
         optimizers[model.name] = build_optimizer(config.training, nets[model.name].parameters())
         clips[model.name] = config.training.clip
     seconds = dict.fromkeys(nets, 0.0)

@@ -25,7 +25,7 @@ import torch
 
 from revnmt.cli.train import parse_args
 from revnmt.data import MULTI30K_SPLITS, find_multi30k, load_data, load_parallel
-from revnmt.model import Seq2Seq
+from revnmt.model import build_model
 from revnmt.training.hogwild import HogwildTrainer
 from revnmt.training.trainer import Validation
 
@@ -65,7 +65,7 @@ def run(name: str, argv: list[str], target: float) -> dict:
         data = load_data(config.data)
         config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
         torch.manual_seed(config.training.seed)
-        model = Seq2Seq(config.model).to(config.training.device)
+        model = build_model(config.model).to(config.training.device)
         trainer = TimedTrainer(config, data, model, target=target)
         trainer.train()
     reached = next((point for point in trainer.curve if point["dev_loss"] <= target), None)

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
 from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Detokenizer, Tokenizer, Vocabulary, sorted_batches
-from revnmt.model import Seq2Seq
+from revnmt.model import Seq2Seq, model_from_checkpoint_state
 from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
 from revnmt.search import beam_search, greedy
 
@@ -43,7 +43,7 @@ class Translator:
         (its ``best.pt``, else ``last.pt``)."""
         path = resolve_checkpoint(path_or_dir)
         state = load_checkpoint(path, map_location="cpu")
-        model = Seq2Seq.from_checkpoint_state(state)
+        model = model_from_checkpoint_state(state)
         vocabs = [Vocabulary(state[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
         step = state.get("trainer", {}).get("step")
         logger.info("loaded %s%s", path, "" if step is None else f" (step {step})")

@@ -24,7 +24,7 @@ from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import format_report, memory_report, ordinary_counterpart
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import Seq2Seq
+from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
 
 from .options import (add_data_options, add_model_options, byte_size, check_device, checked_model_config, data_config,
                       default_device, model_config)
@@ -64,7 +64,7 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
     device = torch.device(args.device)
     report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
     for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
-        candidate = model if name == "reversible" else Seq2Seq(cfg).to(device)
+        candidate = model if name == "reversible" else build_model(cfg).to(device)
         plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths, device)
         report["batch_tokens"][name] = plan.batch_tokens
         report["costliest_batch"][name] = {"sentences": plan.worst_batch[0], "length": plan.worst_batch[1]}
@@ -90,12 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
             # and so does --buffer-backend, which changes no result.
             state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)
-        model = (Seq2Seq.from_checkpoint_state(state) if state is not None
-                 else Seq2Seq(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
+        model = (model_from_checkpoint_state(state) if state is not None
+                 else build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    if not model.cfg.reversible:
+    if not isinstance(model, ReversibleSeq2Seq):
         print(f"{PROG}: error: --rnn must be revgru or revlstm; the report compares it "
               "with the ordinary model of the same size", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from revnmt.data import TrainingData, load_data
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
 from revnmt.memory.peak import track_freed_memory
-from revnmt.model import Seq2Seq
+from revnmt.model import Seq2Seq, build_model
 from revnmt.training import (DEFAULT_BATCH_SIZE, DEFAULT_LR, DistributedTrainer, HogwildTrainer, Job, RunConfig,
                              Trainer, TrainingConfig, WorkerError, process_group)
 from revnmt.training.progress import logging_to
@@ -165,7 +165,7 @@ def _run(config: RunConfig, job: Job) -> int:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
-    model = Seq2Seq(config.model).to(cfg.device)
+    model = build_model(config.model).to(cfg.device)
     plan = None
     if cfg.memory_budget is not None:
         try:

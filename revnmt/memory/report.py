@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from revnmt.data import Batch
-from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.model import ModelConfig, ReversibleSeq2Seq, Seq2Seq, build_model
 
 from .saved import SavedTensorMeter
 
@@ -47,7 +47,7 @@ def _ordinary_bits(cfg: ModelConfig, steps: int, batch: int) -> int:
 @torch.no_grad()
 def analytic_bits(model: Seq2Seq, batches: Iterable[Batch]) -> dict[str, SideBits]:
     """Level 1 for a reversible model, in training mode (dropout on, as the gates see it in training)."""
-    if not model.cfg.reversible:
+    if not isinstance(model, ReversibleSeq2Seq):
         raise ValueError("analytic bits are defined for reversible models; ordinary ones keep baseline_bits")
     was_training = model.training
     model.train()
@@ -94,7 +94,7 @@ def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
     """The report of ``python -m revnmt.memory`` (see the module docstring for the levels)."""
     sides = analytic_bits(model, batches)
     device = batches[0].src.device
-    ordinary = Seq2Seq(ordinary_counterpart(model.cfg)).to(device)
+    ordinary = build_model(ordinary_counterpart(model.cfg)).to(device)
     tokens = sum(b.n_tokens for b in batches)
     saved = {"reversible": 0, "ordinary": 0}
     peaks: dict[str, int | None] = {"reversible": None, "ordinary": None}

@@ -1,38 +1,43 @@
-"""The attention encoder-decoder, trainable by reversal or by ordinary backpropagation.
+"""The attention encoder-decoder: what every model family shares, and what each must provide.
 
-Reversible models (``revgru``/``revlstm``) train by reversal end to end:
+Embeddings → RNN encoder → RNN decoder (initialised with the encoder's final state, no input
+feeding) → Luong general attention over a memory of source embeddings and/or stored encoder units
+→ output layer over the target vocabulary. Only the recurrent layers, and hence how a training
+step gets its gradients, differ between the families:
 
-1. encoder and decoder forward sweeps without autograd (the decoder starts from the encoder's
-   final state; there is no input feeding, so attention never enters the recurrence);
-2. the attention memory (source embeddings and/or the encoder's stored slices) is built once per
-   batch and used as a detached leaf whose gradient accumulates over decoder steps;
-3. the decoder's reverse sweep computes attention, logits and loss of one step at a time (logits
-   never exist for the whole batch at once) and backpropagates them;
-4. the memory's gradient flows once into the embeddings and the stored slices, and the encoder is
-   reversed with the gradient of its final state and of its slices.
+- :class:`~revnmt.model.reversible.ReversibleSeq2Seq` (``revgru``/``revlstm``) trains by reversal;
+- :class:`~revnmt.model.ordinary.OrdinarySeq2Seq` (``gru``/``lstm``) by autograd.
 
-Ordinary models (``gru``/``lstm``, cuDNN on GPU) backpropagate through autograd, with the loss
-computed in chunks of time steps on detached decoder outputs for the same reason.
+:class:`Seq2Seq` holds the shared parts (embeddings, attention, output layer, the batch's dropout
+masks, the attention memory, the loss of decoder outputs, search and alignment on top of a
+decoder step) and declares what a family provides: its recurrent layers, a training step, the
+forward pass with its graph (the autograd reference and validation), the encoder's outputs for
+decoding, one decoder step and the reordering of decoder states. :func:`revnmt.model.build_model`
+picks the family for a configuration.
+
+The loss never sees the logits of a whole batch: over the target vocabulary they would dwarf
+every other activation. Every family computes it a few decoder steps at a time
+(:meth:`Seq2Seq.chunked_loss_backward`), and within a step a vocabulary chunk at a time
+(:mod:`revnmt.model.loss`).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from buffers import to_float
 from revnmt.data.vocab import BOS, PAD
-from revnmt.rnn import ReversibleRNN
-from revnmt.rnn.ordinary import OrdinaryRNN
 
 from .attention import GeneralAttention
 from .config import ModelConfig
-from .embeddings import EmbeddedTokens
 from .loss import linear_cross_entropy, logit_work_bytes
 
-LOSS_CHUNK_STEPS = 8  # decoder steps whose logits exist at once in ordinary training
+LOSS_CHUNK_STEPS = 8  # decoder steps whose logits exist at once in training by autograd and validation
+
+DecoderState = object  # what a family's decoder carries from step to step (see Encoded.state)
 
 
 @dataclass
@@ -53,10 +58,25 @@ class Encoded:
 
     memory: torch.Tensor  # [B, S, M]
     pad_mask: torch.Tensor  # [B, S] True on padding
-    state: object  # reversible: list of int states; ordinary: h or (h, c)
+    state: DecoderState  # reversible: list of int states; ordinary: h or (h, c)
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step measured.
+
+    ``held_bytes`` is the step's own account of the memory it held outside autograd's saved
+    tensors at its peak (buffers, stored slices, gradients of detached leaves, working sets): a
+    different level from the bytes autograd saves, which a :class:`revnmt.memory.SavedTensorMeter`
+    measures, and not to be added to them.
+    """
+
+    loss: torch.Tensor  # summed cross-entropy of the batch (device scalar, not divided by the normalizer)
+    held_bytes: int
+
+
+def nbytes(t: torch.Tensor | None) -> int:
+    """Bytes of a tensor's elements (0 for None)."""
     return 0 if t is None else t.numel() * t.element_size()
 
 
@@ -69,38 +89,65 @@ def _locked_dropout(p: float, shape: tuple[int, ...], device: torch.device) -> t
     return torch.bernoulli(torch.full(shape, 1 - p, device=device)) / (1 - p)
 
 
-class Seq2Seq(nn.Module):
-    """Embeddings → RNN encoder → RNN decoder (initialised with the encoder's final state) →
-    Luong general attention over the chosen memory → output layer over the target vocabulary."""
+class Seq2Seq(nn.Module, ABC):
+    """The shared parts of an attention encoder-decoder; a family subclass adds its recurrent layers.
+
+    Build one with :func:`revnmt.model.build_model` (or a family class directly). Every method
+    taking a batch takes batch-major ids: ``src`` [B, S], ``src_len`` [B], ``tgt_in`` [B, T] (BOS
+    first), ``tgt_out`` [B, T] (EOS last, then padding).
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg.validate()
+        # The order of construction is the order of the parameters: it fixes the state_dict's keys'
+        # order and which random numbers initialise which weight.
         self.src_emb = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=PAD)
         self.tgt_emb = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=PAD)
-        if cfg.reversible:
-            def make(slice_dim: int) -> ReversibleRNN:
-                return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
-                                     cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend)
-            self.encoder, self.decoder = make(cfg.stored_units), make(0)
-        else:
-            self.encoder = OrdinaryRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout)
-            self.decoder = OrdinaryRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout)
+        self.encoder, self.decoder = self.make_rnns(cfg)
         self.attention = GeneralAttention(cfg.hidden_size, cfg.memory_dim)
         self.generator = nn.Linear(cfg.hidden_size, cfg.tgt_vocab)
-        self.last_held_bytes = 0  # bytes the last train_step held outside autograd (memory accounting)
         for p in self.parameters():  # the paper's initialisation, U(±0.1) everywhere
             nn.init.uniform_(p, -0.1, 0.1)
         with torch.no_grad():
             self.src_emb.weight[PAD].zero_()
             self.tgt_emb.weight[PAD].zero_()
 
-    @classmethod
-    def from_checkpoint_state(cls, state: dict) -> Seq2Seq:
-        """The trained model of a checkpoint dict (keys ``model_config`` and ``model``), on CPU."""
-        model = cls(ModelConfig(**state["model_config"]))
-        model.load_state_dict(state["model"])
-        return model
+    # ------------------------------------------------------------------ what a family provides
+
+    @abstractmethod
+    def make_rnns(self, cfg: ModelConfig) -> tuple[nn.Module, nn.Module]:
+        """The recurrent encoder and decoder (stored as ``encoder`` and ``decoder``)."""
+
+    def draw_rnn_dropout(self, batch: int, device: torch.device) -> tuple[list | None, list | None]:
+        """Between-layer dropout masks of the encoder and the decoder, drawn after the shared masks;
+        (None, None) for layers that draw their own."""
+        return None, None
+
+    @abstractmethod
+    def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                   normalizer: float) -> StepResult:
+        """Compute the loss of a batch and accumulate the gradients of loss / ``normalizer`` into
+        ``.grad``, the family's way; return the summed loss and what the step held."""
+
+    @abstractmethod
+    def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                      masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder outputs [T, B, H] and attention memory [B, S, M] of time-major ids, both with their
+        graphs (when grad mode is on): the forward pass of ordinary backpropagation."""
+
+    @abstractmethod
+    def encoder_outputs(self, src: torch.Tensor, src_len: torch.Tensor) -> tuple[torch.Tensor | None, DecoderState]:
+        """For decoding time-major ``src`` (no gradients): the stored top-layer units [S, B, k] for
+        the attention memory (None if the memory has none) and the decoder's initial state."""
+
+    @abstractmethod
+    def decoder_step(self, state: DecoderState, prev: torch.Tensor) -> tuple[torch.Tensor, DecoderState]:
+        """The decoder's output [N, H] after reading ``prev`` [N] (the attention query), and its new state."""
+
+    @abstractmethod
+    def reorder_state(self, state: DecoderState, index: torch.Tensor) -> DecoderState:
+        """Select rows ``index`` of a decoder state (beam search)."""
 
     # ------------------------------------------------------------------ shared pieces
 
@@ -112,9 +159,7 @@ class Seq2Seq(nn.Module):
         drop = lambda *shape: _locked_dropout(cfg.dropout, shape, device)  # noqa: E731
         masks = DropoutMasks(drop(batch, cfg.emb_dim), drop(batch, cfg.emb_dim), drop(batch, cfg.hidden_size),
                              drop(batch, cfg.stored_units) if cfg.stored_units else None, None, None)
-        if cfg.reversible:
-            masks.encoder = self.encoder.draw_dropout(batch, device)
-            masks.decoder = self.decoder.draw_dropout(batch, device)
+        masks.encoder, masks.decoder = self.draw_rnn_dropout(batch, device)
         return masks
 
     def build_memory(self, src: torch.Tensor, masks: DropoutMasks, stored: torch.Tensor | None) -> torch.Tensor:
@@ -135,90 +180,20 @@ class Seq2Seq(nn.Module):
         return linear_cross_entropy(attended.reshape(-1, attended.shape[-1]), self.generator.weight,
                                     self.generator.bias, target.reshape(-1), ignore_index=PAD)
 
-    # ------------------------------------------------------------------ training
+    def logit_work_bytes(self, rows: int) -> int:
+        """The block of logits the loss's backward works on over ``rows`` rows, which autograd does not save."""
+        return logit_work_bytes(rows, self.cfg.tgt_vocab, self.generator.weight.element_size())
 
-    def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                   normalizer: float) -> torch.Tensor:
-        """Compute the loss of a batch (batch-major [B, S] / [B, T] ids) and accumulate the
-        gradients of loss / ``normalizer`` into ``.grad``. Returns the summed loss (device scalar).
-
-        Reversible models train by reversal; ordinary ones by autograd.
-        """
-        masks = self.draw_masks(src.shape[0], src.device)
-        if self.cfg.reversible:
-            return self._train_by_reversal(src.t(), tgt_in.t(), tgt_out.t(), masks, normalizer)
-        return self._train_by_autograd(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks, normalizer)
-
-    def forward_sweeps(self, src, tgt_in, tgt_out, masks: DropoutMasks):
-        """Encoder and decoder forward sweeps of a reversible model (time-major ids): returns the
-        recomputable inputs and the tapes, i.e. everything kept for the backward sweeps."""
-        enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
-        dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
-        enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder)
-        dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=enc_tape.states, dropout=masks.decoder)
-        return enc_in, dec_in, enc_tape, dec_tape
-
-    def _train_by_reversal(self, src, tgt_in, tgt_out, masks: DropoutMasks, normalizer: float) -> torch.Tensor:
-        enc_in, dec_in, enc_tape, dec_tape = self.forward_sweeps(src, tgt_in, tgt_out, masks)
-
-        stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
-        memory = self.build_memory(src, masks, stored)
-        memory_leaf = memory.detach().requires_grad_()
-        pad_mask = (src == PAD).t()
-        total = torch.zeros((), device=src.device)
-        # Held outside autograd's saved tensors during the backward sweeps (memory accounting):
-        # the buffers, the stored slices (int and float), the gradient of the attention memory and
-        # one sweep's working set (a chunk of input projections, one reverse step's temporaries).
-        # The memory itself is saved by the attention and counted there.
-        batch = src.shape[1]
-        self.last_held_bytes = (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
-                                + 2 * _nbytes(enc_tape.slices) + _nbytes(memory)
-                                + max(rnn.work_bytes(batch) for rnn in (self.encoder, self.decoder))
-                                + self._logit_work_bytes(batch))
-
-        def output_grad(t: int, out: torch.Tensor) -> torch.Tensor:
-            nonlocal total
-            with torch.enable_grad():
-                query = out.detach().requires_grad_()
-                loss = self.step_loss(query, memory_leaf, pad_mask, masks, tgt_out[t])
-                (loss / normalizer).backward()
-            total = total + loss.detach()  # stays on the device: no sync per step
-            return query.grad
-
-        enc_final_grad = self.decoder.backward_sweep(dec_tape, dec_in, output_grad=output_grad)
-        memory.backward(memory_leaf.grad)
-        self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
-                                    slice_grad=None if stored is None else stored.grad)
-        return total
-
-    def _train_by_autograd(self, src, src_len, tgt_in, tgt_out, masks: DropoutMasks, normalizer: float):
-        dec_out, memory = self._forward_autograd(src, src_len, tgt_in, tgt_out, masks)
-        return self._chunked_loss_backward(dec_out, memory, src, tgt_out, masks, normalizer)
-
-    def _forward_autograd(self, src, src_len, tgt_in, tgt_out, masks: DropoutMasks):
-        """Decoder outputs [T, B, H] and attention memory, both with their graphs."""
-        x_src, x_tgt = self.src_emb(src), self.tgt_emb(tgt_in)
-        if masks.src is not None:
-            x_src, x_tgt = x_src * masks.src, x_tgt * masks.tgt
-        k = self.cfg.stored_units
-        if self.cfg.reversible:  # the same fixed-point model as reversal, every graph kept
-            _, enc_f, slices, enc_i = self.encoder.forward_autograd(x_src, src != PAD, dropout=masks.encoder)
-            dec_out, *_ = self.decoder.forward_autograd(x_tgt, tgt_out != PAD, initial=enc_i,
-                                                        initial_float=enc_f, dropout=masks.decoder)
-            stored = slices
-        else:
-            enc_out, enc_final = self.encoder(x_src, src_len)
-            dec_out, _ = self.decoder(x_tgt, (tgt_out != PAD).sum(0), enc_final)
-            stored = enc_out[..., :k] if k else None
-        return dec_out, self.build_memory(src, masks, stored)
-
-    def _chunked_loss_backward(self, dec_out, memory, src, tgt_out, masks, normalizer) -> torch.Tensor:
+    def chunked_loss_backward(self, dec_out: torch.Tensor, memory: torch.Tensor, src: torch.Tensor,
+                              tgt_out: torch.Tensor, masks: DropoutMasks, normalizer: float) -> StepResult:
+        """Backpropagate the loss / ``normalizer`` of decoder outputs [T, B, H] and attention memory
+        (with their graphs; time-major ids) through those graphs."""
         # Logits for all target tokens at once ([T, B, V]) would dwarf the hidden states; the loss
         # runs on detached leaves a few steps at a time, then the leaves' gradients flow back once.
         out_leaf, memory_leaf = dec_out.detach().requires_grad_(), memory.detach().requires_grad_()
-        # the leaves' gradients (the leaves themselves are saved by the loss and counted there)
-        self.last_held_bytes = (_nbytes(dec_out) + _nbytes(memory)
-                                + self._logit_work_bytes(src.shape[1] * min(LOSS_CHUNK_STEPS, dec_out.shape[0])))
+        # held: the leaves' gradients (the leaves themselves are saved by the loss and counted there)
+        held = (nbytes(dec_out) + nbytes(memory)
+                + self.logit_work_bytes(src.shape[1] * min(LOSS_CHUNK_STEPS, dec_out.shape[0])))
         pad_mask = (src == PAD).t()
         total = torch.zeros((), device=src.device)
         for chunk in _chunks(dec_out.shape[0]):
@@ -227,23 +202,25 @@ class Seq2Seq(nn.Module):
             (loss / normalizer).backward()
             total = total + loss.detach()
         torch.autograd.backward([dec_out, memory], [out_leaf.grad, memory_leaf.grad])
-        return total
+        return StepResult(total, held)
 
-    def _logit_work_bytes(self, rows: int) -> int:
-        # The loss's backward works on a block of logits that autograd does not save: count it.
-        return logit_work_bytes(rows, self.cfg.tgt_vocab, self.generator.weight.element_size())
+    # ------------------------------------------------------------------ training and validation
 
-    def train_step_autograd(self, src, src_len, tgt_in, tgt_out, normalizer: float) -> torch.Tensor:
-        """Ordinary backpropagation for any model (for reversible ones: through the same
-        fixed-point, buffered model that reversal trains). The reference for reversal's gradients."""
+    def train_step_autograd(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor,
+                            tgt_out: torch.Tensor, normalizer: float) -> StepResult:
+        """Ordinary backpropagation through :meth:`forward_graph`, the loss in chunks of steps: the
+        reference for a family that trains otherwise (as :meth:`train_step`, with the same masks)."""
         masks = self.draw_masks(src.shape[0], src.device)
-        return self._train_by_autograd(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks, normalizer)
+        src, tgt_out = src.t(), tgt_out.t()
+        dec_out, memory = self.forward_graph(src, src_len, tgt_in.t(), tgt_out, masks)
+        return self.chunked_loss_backward(dec_out, memory, src, tgt_out, masks, normalizer)
 
     @torch.no_grad()
-    def loss(self, src, src_len, tgt_in, tgt_out) -> torch.Tensor:
+    def loss(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor,
+             tgt_out: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of a batch, no gradients (validation), a few steps' logits at a time."""
         masks = self.draw_masks(src.shape[0], src.device)
-        dec_out, memory = self._forward_autograd(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks)
+        dec_out, memory = self.forward_graph(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks)
         pad_mask = src == PAD
         return sum(self.step_loss(dec_out[c].transpose(0, 1), memory, pad_mask, masks, tgt_out[:, c])
                    for c in _chunks(dec_out.shape[0]))
@@ -255,31 +232,16 @@ class Seq2Seq(nn.Module):
         """Encode batch-major source ids for decoding."""
         src_t = src.t()
         masks = self.draw_masks(src.shape[0], src.device)
-        k = self.cfg.stored_units
-        if self.cfg.reversible:
-            tape = self.encoder.forward_sweep(EmbeddedTokens(self.src_emb, src_t, None), src_t != PAD,
-                                               reversible=False)
-            stored, state = None if tape.slices is None else to_float(tape.slices), tape.states
-        else:
-            enc_out, state = self.encoder(self.src_emb(src_t), src_len)
-            stored = enc_out[..., :k] if k else None
+        stored, state = self.encoder_outputs(src_t, src_len)
         return Encoded(self.build_memory(src_t, masks, stored), src == PAD, state)
 
     @torch.no_grad()
-    def decode_step(self, enc: Encoded, state, prev: torch.Tensor):
+    def decode_step(self, enc: Encoded, state: DecoderState,
+                    prev: torch.Tensor) -> tuple[torch.Tensor, DecoderState]:
         """Log-probabilities [N, V] of the next token after ``prev`` [N], and the new state."""
-        out, state = self._decoder_step(state, prev)
+        out, state = self.decoder_step(state, prev)
         logits = self.generator(self.attention(out, enc.memory, enc.pad_mask))
         return torch.log_softmax(logits, dim=-1), state
-
-    def _decoder_step(self, state, prev: torch.Tensor):
-        """The decoder's output [N, H] after reading ``prev`` [N] (the attention query), and its new state."""
-        x = self.tgt_emb(prev)
-        if self.cfg.reversible:
-            state = self.decoder.step(x, state)
-            return self.decoder.cells[-1].output(state[-1]), state
-        out, state = self.decoder(x.unsqueeze(0), None, state)
-        return out[0], state
 
     @torch.no_grad()
     def align(self, src: torch.Tensor, src_len: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
@@ -290,15 +252,7 @@ class Seq2Seq(nn.Module):
         state, prev = enc.state, torch.full((len(tgt),), BOS, dtype=torch.long, device=tgt.device)
         positions = []
         for t in range(tgt.shape[1]):
-            out, state = self._decoder_step(state, prev)
+            out, state = self.decoder_step(state, prev)
             positions.append(self.attention.weights(out, enc.memory, enc.pad_mask).argmax(-1))
             prev = tgt[:, t]
         return torch.stack(positions, 1) if positions else torch.zeros_like(tgt)
-
-    def reorder_state(self, state, index: torch.Tensor):
-        """Select rows ``index`` of a decoder state (beam search)."""
-        if self.cfg.reversible:
-            return [s.index_select(0, index) for s in state]
-        if isinstance(state, tuple):
-            return tuple(s.index_select(1, index) for s in state)
-        return state.index_select(1, index)

@@ -47,7 +47,7 @@ def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> torch.Tensor:
     """
     model.zero_grad(set_to_none=True)
     n_tokens = sum(part.n_tokens for part in parts)
-    return sum(model.train_step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens)
+    return sum(model.train_step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens).loss
                for part in parts)
 
 

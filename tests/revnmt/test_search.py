@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.model import Encoded, ModelConfig, Seq2Seq
+from revnmt.model import Encoded, ModelConfig, Seq2Seq, build_model
 from revnmt.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
 
 VOCAB = 12
@@ -30,7 +30,7 @@ def trained(request) -> tuple[Seq2Seq, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     cfg = ModelConfig(rnn=request.param, emb_dim=16, hidden_size=16, dropout=0.0, attention="emb+slice",
                       slice_dim=4, buffer_lanes=4, src_vocab=VOCAB, tgt_vocab=VOCAB)
-    model = Seq2Seq(cfg)
+    model = build_model(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     gen = torch.Generator().manual_seed(0)
     for _ in range(40):

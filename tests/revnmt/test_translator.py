@@ -8,7 +8,7 @@ from torch import nn
 
 from revnmt.checkpoint import save_checkpoint
 from revnmt.data import EOS, PAD, Vocabulary
-from revnmt.model import Encoded, ModelConfig, Seq2Seq
+from revnmt.model import Encoded, ModelConfig, build_model
 from revnmt.translator import DataOptions, Translator, evaluate
 
 WORDS = "a man rides a red bike . two dogs play in the snow".split()
@@ -85,7 +85,7 @@ def test_from_checkpoint_rebuilds_model_vocabularies_and_options(tmp_path):
     torch.manual_seed(0)
     cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2, src_vocab=len(VOCAB),
                       tgt_vocab=len(VOCAB))
-    model = Seq2Seq(cfg).eval()
+    model = build_model(cfg).eval()
     data = DataOptions("en", "de", lowercase=True, max_len=5)
     save_checkpoint(tmp_path / "best.pt", {"model_config": cfg.to_dict(), "model": model.state_dict(),
                                            "src_vocab": VOCAB.itos, "tgt_vocab": VOCAB.itos,

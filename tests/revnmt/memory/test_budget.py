@@ -6,7 +6,7 @@ from revnmt.data import BatchSampler
 from revnmt.memory.budget import (BudgetError, BudgetGuard, BudgetPlan, StepCost, _largest_batch, base_bytes,
                                   fit_step_cost, optimizer_bytes, plan_budget, probe_step_bytes, synthetic_batch)
 from revnmt.memory.peak import PeakMeter, release_free_memory, track_freed_memory
-from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.model import ModelConfig, build_model
 
 CPU = torch.device("cpu")
 LENGTHS = np.repeat(np.arange(4, 31), 20)  # 20 pairs of every length from 4 to 30
@@ -16,7 +16,7 @@ MiB = 2 ** 20
 def _model(rnn="revgru", attention="emb+slice", device=CPU):
     # Large enough that a step's cost stands well above the RSS's page-level noise.
     torch.manual_seed(0)
-    return Seq2Seq(ModelConfig(rnn=rnn, emb_dim=128, hidden_size=256, attention=attention, slice_dim=16,
+    return build_model(ModelConfig(rnn=rnn, emb_dim=128, hidden_size=256, attention=attention, slice_dim=16,
                                src_vocab=2000, tgt_vocab=4000, buffer_lanes=4)).to(device)
 
 

@@ -4,7 +4,7 @@ import torch
 from revnmt.data import Batch
 from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.memory.report import analytic_bits, format_report, memory_report, ordinary_counterpart
-from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.model import ModelConfig, build_model
 
 
 def _batch(batch=6, src_len=9, tgt_len=8, seed=0):
@@ -23,7 +23,7 @@ def test_analytic_bits_follow_the_definitions(rnn):
     torch.manual_seed(0)
     cfg = ModelConfig(rnn=rnn, emb_dim=16, hidden_size=20, attention="emb+slice", slice_dim=4, src_vocab=40,
                       tgt_vocab=40, buffer_lanes=5)
-    model = Seq2Seq(cfg)
+    model = build_model(cfg)
     batch = _batch()
     sides = analytic_bits(model, [batch])
     per_unit = 2 if rnn == "revlstm" else 1
@@ -41,7 +41,7 @@ def test_report_compares_with_the_ordinary_model_of_the_same_size():
     torch.manual_seed(0)
     cfg = ModelConfig(rnn="revgru", emb_dim=16, hidden_size=20, attention="emb", src_vocab=40, tgt_vocab=40)
     assert ordinary_counterpart(cfg).rnn == "gru" and ordinary_counterpart(cfg).attention == "hidden"
-    report = memory_report(Seq2Seq(cfg), [_batch(src_len=30, tgt_len=30)])
+    report = memory_report(build_model(cfg), [_batch(src_len=30, tgt_len=30)])
     saved = report["model"]["saved_bytes_per_token"]
     assert saved["ordinary"] > 2 * saved["reversible"] > 0
     assert report["model"]["peak_bytes"] is None  # CPU: no allocator figure is invented
@@ -52,4 +52,4 @@ def test_report_compares_with_the_ordinary_model_of_the_same_size():
 def test_ordinary_models_have_no_analytic_bits():
     cfg = ModelConfig(rnn="gru", emb_dim=16, hidden_size=20, attention="hidden", src_vocab=40, tgt_vocab=40)
     with pytest.raises(ValueError, match="reversible"):
-        analytic_bits(Seq2Seq(cfg), [_batch()])
+        analytic_bits(build_model(cfg), [_batch()])

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from conftest import TINY_MODEL
 
 from revnmt.checkpoint import load_checkpoint
-from revnmt.model import Seq2Seq
+from revnmt.model import ReversibleSeq2Seq, build_model
 from revnmt.cli.train import main
 from revnmt.data import load_data
 from revnmt.training import HogwildTrainer, RunConfig, Trainer, WorkerError
@@ -33,7 +33,7 @@ def _untrained_dev_loss(checkpoint: dict, tmp_path: Path) -> tuple[float, dict]:
     config = replace(config, training=replace(config.training, save_dir=str(tmp_path)))
     data = load_data(config.data, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
     torch.manual_seed(config.training.seed)
-    model = Seq2Seq(config.model)
+    model = build_model(config.model)
     return Trainer(config, data, model).evaluate().loss, model.state_dict()
 
 
@@ -60,8 +60,8 @@ def test_hogwild_workers_share_the_updates_and_the_loss_falls(train, tmp_path):
     _translates(run)
 
 
-class RaisingInWorker1(Seq2Seq):
-    """Trains as Seq2Seq, except in Hogwild worker 1 (whose private model is of the shared model's
+class RaisingInWorker1(ReversibleSeq2Seq):
+    """Trains as its family does, except in Hogwild worker 1 (whose private model is of the shared model's
     class), where every step raises."""
 
     def train_step(self, *args, **kwargs):
@@ -70,8 +70,8 @@ class RaisingInWorker1(Seq2Seq):
         return super().train_step(*args, **kwargs)
 
 
-class KilledInWorker1(Seq2Seq):
-    """Trains as Seq2Seq, except that Hogwild worker 1 is killed (SIGKILL) at its first step."""
+class KilledInWorker1(ReversibleSeq2Seq):
+    """Trains as its family does, except that Hogwild worker 1 is killed (SIGKILL) at its first step."""
 
     def train_step(self, *args, **kwargs):
         if mp.current_process().name == "hogwild-1":

@@ -7,7 +7,7 @@ from revnmt.checkpoint import load_checkpoint
 from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import ModelConfig, Seq2Seq
+from revnmt.model import ModelConfig, build_model
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
@@ -138,7 +138,7 @@ def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy
     # the parts add up to the whole batch's.
     data = load_data(DataConfig(train=toy["train"], valid=toy["valid"], min_freq=1))
     torch.manual_seed(0)
-    model = Seq2Seq(ModelConfig(rnn="gru", emb_dim=16, hidden_size=16, attention="hidden", dropout=0.0,
+    model = build_model(ModelConfig(rnn="gru", emb_dim=16, hidden_size=16, attention="hidden", dropout=0.0,
                                 src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)))
     indices = list(range(12))
     whole = make_batch(data.train, indices)

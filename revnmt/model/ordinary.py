@@ -1,0 +1,71 @@
+"""The ordinary family (``gru``/``lstm``): the baseline encoder-decoder, trained by autograd.
+
+The recurrent layers are ``nn.GRU``/``nn.LSTM`` (cuDNN on GPU), which keep every hidden state for
+backpropagation: that is the memory the reversible family avoids. A training step runs the forward
+pass with its graph and backpropagates the loss a few decoder steps at a time on detached decoder
+outputs (:meth:`~revnmt.model.seq2seq.Seq2Seq.chunked_loss_backward`), so the logits never exist
+for the whole batch at once either.
+
+A variant that trains otherwise (e.g. recomputing its recurrent layers from checkpoints) would
+subclass :class:`OrdinarySeq2Seq` and override :meth:`~OrdinarySeq2Seq.train_step`, keeping
+``train_step_autograd`` as its reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from revnmt.data.vocab import PAD
+from revnmt.rnn.ordinary import OrdinaryRNN
+
+from .config import ModelConfig
+from .seq2seq import DropoutMasks, Seq2Seq, StepResult
+
+#: A decoder state: h [layers, N, H] (GRU) or (h, c) (LSTM), as nn.GRU / nn.LSTM take it.
+OrdinaryState = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+class OrdinarySeq2Seq(Seq2Seq):
+    """The attention encoder-decoder over :class:`~revnmt.rnn.ordinary.OrdinaryRNN` stacks, trained by autograd."""
+
+    encoder: OrdinaryRNN
+    decoder: OrdinaryRNN
+
+    def make_rnns(self, cfg: ModelConfig) -> tuple[OrdinaryRNN, OrdinaryRNN]:
+        return (OrdinaryRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout),
+                OrdinaryRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout))
+
+    def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                   normalizer: float) -> StepResult:
+        """Ordinary backpropagation (:meth:`train_step_autograd`): the leaves' gradients are what the
+        step holds outside autograd."""
+        return self.train_step_autograd(src, src_len, tgt_in, tgt_out, normalizer)
+
+    def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                      masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:
+        x_src, x_tgt = self.src_emb(src), self.tgt_emb(tgt_in)
+        if masks.src is not None:
+            x_src, x_tgt = x_src * masks.src, x_tgt * masks.tgt
+        enc_out, enc_final = self.encoder(x_src, src_len)
+        dec_out, _ = self.decoder(x_tgt, (tgt_out != PAD).sum(0), enc_final)
+        return dec_out, self.build_memory(src, masks, self._stored(enc_out))
+
+    def _stored(self, enc_out: torch.Tensor) -> torch.Tensor | None:
+        """The units of the encoder's outputs [S, B, H] that the attention memory takes."""
+        k = self.cfg.stored_units
+        return enc_out[..., :k] if k else None
+
+    # ------------------------------------------------------------------ inference
+
+    def encoder_outputs(self, src: torch.Tensor, src_len: torch.Tensor) -> tuple[torch.Tensor | None, OrdinaryState]:
+        enc_out, state = self.encoder(self.src_emb(src), src_len)
+        return self._stored(enc_out), state
+
+    def decoder_step(self, state: OrdinaryState, prev: torch.Tensor) -> tuple[torch.Tensor, OrdinaryState]:
+        out, state = self.decoder(self.tgt_emb(prev).unsqueeze(0), None, state)
+        return out[0], state
+
+    def reorder_state(self, state: OrdinaryState, index: torch.Tensor) -> OrdinaryState:
+        if isinstance(state, tuple):
+            return tuple(s.index_select(1, index) for s in state)
+        return state.index_select(1, index)

@@ -1,0 +1,128 @@
+"""The reversible family (``revgru``/``revlstm``): an encoder-decoder trained by reversal end to end.
+
+A training step keeps no per-step activations of either RNN:
+
+1. encoder and decoder forward sweeps without autograd (the decoder starts from the encoder's
+   final state; there is no input feeding, so attention never enters the recurrence);
+2. the attention memory (source embeddings and/or the encoder's stored slices) is built once per
+   batch and used as a detached leaf whose gradient accumulates over decoder steps;
+3. the decoder's reverse sweep computes attention, logits and loss of one step at a time (logits
+   never exist for the whole batch at once) and backpropagates them;
+4. the memory's gradient flows once into the embeddings and the stored slices, and the encoder is
+   reversed with the gradient of its final state and of its slices.
+
+The embeddings are looked up again at every step of every sweep (:class:`EmbeddedTokens`) rather
+than kept. :meth:`ReversibleSeq2Seq.train_step_autograd` backpropagates through the same
+fixed-point, buffered model with every graph kept: the reference reversal's gradients are tested
+against. How one stack of layers is reversed is in :mod:`revnmt.rnn.reversible`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from buffers import to_float
+from revnmt.data.vocab import PAD
+from revnmt.rnn import ReversibleRNN, Tape
+
+from .config import ModelConfig
+from .embeddings import EmbeddedTokens
+from .seq2seq import DropoutMasks, Seq2Seq, StepResult, nbytes
+
+
+class ReversibleSeq2Seq(Seq2Seq):
+    """The attention encoder-decoder over :class:`~revnmt.rnn.ReversibleRNN` stacks, trained by reversal.
+
+    Decoder states are lists of int32 states, one per layer, [N, state size] each.
+    """
+
+    encoder: ReversibleRNN
+    decoder: ReversibleRNN
+
+    def make_rnns(self, cfg: ModelConfig) -> tuple[ReversibleRNN, ReversibleRNN]:
+        def make(slice_dim: int) -> ReversibleRNN:
+            return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
+                                 cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend)
+        # only the encoder stores units of its top layer for attention
+        return make(cfg.stored_units), make(0)
+
+    def draw_rnn_dropout(self, batch: int, device: torch.device) -> tuple[list, list]:
+        return self.encoder.draw_dropout(batch, device), self.decoder.draw_dropout(batch, device)
+
+    # ------------------------------------------------------------------ training by reversal
+
+    def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                   normalizer: float) -> StepResult:
+        """Train by reversal (see the module docstring): accumulate the gradients of loss /
+        ``normalizer`` into ``.grad``; return the summed loss and the bytes held outside autograd."""
+        masks = self.draw_masks(src.shape[0], src.device)
+        src, tgt_in, tgt_out = src.t(), tgt_in.t(), tgt_out.t()
+        enc_in, dec_in, enc_tape, dec_tape = self.forward_sweeps(src, tgt_in, tgt_out, masks)
+
+        stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
+        memory = self.build_memory(src, masks, stored)
+        memory_leaf = memory.detach().requires_grad_()
+        pad_mask = (src == PAD).t()
+        total = torch.zeros((), device=src.device)
+        held = self._held_bytes(src.shape[1], enc_tape, dec_tape, memory)  # while the buffers are full
+
+        def output_grad(t: int, out: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            with torch.enable_grad():
+                query = out.detach().requires_grad_()
+                loss = self.step_loss(query, memory_leaf, pad_mask, masks, tgt_out[t])
+                (loss / normalizer).backward()
+            total = total + loss.detach()  # stays on the device: no sync per step
+            return query.grad
+
+        enc_final_grad = self.decoder.backward_sweep(dec_tape, dec_in, output_grad=output_grad)
+        memory.backward(memory_leaf.grad)
+        self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
+                                    slice_grad=None if stored is None else stored.grad)
+        return StepResult(total, held)
+
+    def forward_sweeps(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       masks: DropoutMasks) -> tuple[EmbeddedTokens, EmbeddedTokens, Tape, Tape]:
+        """Encoder and decoder forward sweeps (time-major ids): returns the recomputable inputs and
+        the tapes, i.e. everything kept for the backward sweeps."""
+        enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
+        dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
+        enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder)
+        dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=enc_tape.states, dropout=masks.decoder)
+        return enc_in, dec_in, enc_tape, dec_tape
+
+    def _held_bytes(self, batch: int, enc_tape: Tape, dec_tape: Tape, memory: torch.Tensor) -> int:
+        """Held outside autograd's saved tensors during the backward sweeps: the buffers, the stored
+        slices (int and float), the gradient of the attention memory and one sweep's working set (a
+        chunk of input projections, one reverse step's temporaries, one step's logits). The memory
+        itself is saved by the attention and counted there."""
+        return (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
+                + 2 * nbytes(enc_tape.slices) + nbytes(memory)
+                + max(rnn.work_bytes(batch) for rnn in (self.encoder, self.decoder))
+                + self.logit_work_bytes(batch))
+
+    def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                      masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same fixed-point model as reversal, every graph kept (the reference and validation)."""
+        x_src, x_tgt = self.src_emb(src), self.tgt_emb(tgt_in)
+        if masks.src is not None:
+            x_src, x_tgt = x_src * masks.src, x_tgt * masks.tgt
+        _, enc_f, slices, enc_i = self.encoder.forward_autograd(x_src, src != PAD, dropout=masks.encoder)
+        dec_out, *_ = self.decoder.forward_autograd(x_tgt, tgt_out != PAD, initial=enc_i,
+                                                    initial_float=enc_f, dropout=masks.decoder)
+        return dec_out, self.build_memory(src, masks, slices)
+
+    # ------------------------------------------------------------------ inference
+
+    def encoder_outputs(self, src: torch.Tensor, src_len: torch.Tensor) -> tuple[torch.Tensor | None, list]:
+        # Without the buffer (nothing will be reversed): a sentence's encoding then does not
+        # depend on its batch mates, which share a buffer's lanes in training.
+        tape = self.encoder.forward_sweep(EmbeddedTokens(self.src_emb, src, None), src != PAD, reversible=False)
+        return None if tape.slices is None else to_float(tape.slices), tape.states
+
+    def decoder_step(self, state: list[torch.Tensor], prev: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        state = self.decoder.step(self.tgt_emb(prev), state)
+        return self.decoder.cells[-1].output(state[-1]), state
+
+    def reorder_state(self, state: list[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
+        return [s.index_select(0, index) for s in state]

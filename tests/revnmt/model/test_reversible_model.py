@@ -1,0 +1,80 @@
+"""Tests of revnmt.model.reversible: training by reversal against autograd through the same model."""
+
+import pytest
+import torch
+from toy_model import Toy
+
+from revnmt.memory import SavedTensorMeter
+from revnmt.model import StepResult
+from revnmt.rnn import ReversalError
+from revnmt.rnn.reversible import PROJECTION_STEPS
+
+toy = Toy()
+
+
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
+@pytest.mark.parametrize("attention", ["hidden", "emb", "slice", "emb+slice"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_reversal_matches_backprop_for_the_whole_model(rnn, attention, layers, device):
+    # On CUDA this is the whole training step on the GPU: the Triton buffer kernels, cuBLAS products,
+    # and the exactness guard of both sweeps.
+    model, batch = toy.model(rnn, attention, layers).to(device), [t.to(device) for t in toy.batch()]
+    loss_rev, rev = toy.grads(model, model.train_step, batch)
+    loss_ref, ref = toy.grads(model, model.train_step_autograd, batch)
+    assert torch.allclose(loss_rev, loss_ref, rtol=1e-6)
+    assert rev.keys() == ref.keys() == {n for n, _ in model.named_parameters()}
+    for name in ref:
+        got, want = rev[name].flatten().double(), ref[name].flatten().double()
+        cos = torch.nn.functional.cosine_similarity(got, want, dim=0)
+        assert cos >= 0.9999 and (got - want).norm() <= 1e-4 * want.norm(), name
+
+
+def test_a_step_returns_its_loss_and_the_bytes_it_held():
+    model, batch = toy.model("revgru", "emb+slice", dropout=0.0), toy.batch()
+    result = model.train_step(*batch, normalizer=1.0)
+    assert isinstance(result, StepResult) and torch.allclose(result.loss, model.loss(*batch), rtol=1e-6)
+    # at least the stored slices (int and float) and the gradient of the attention memory
+    src = batch[0]
+    slices, memory = src.numel() * 3 * 4, src.numel() * (8 + 3) * 4
+    assert result.held_bytes >= 2 * slices + memory
+
+
+def test_training_reduces_the_loss():
+    model, batch = toy.model("revlstm", "emb+slice", dropout=0.0), toy.batch()
+    opt = torch.optim.Adam(model.parameters(), lr=0.03)
+    first = None
+    for _ in range(60):
+        opt.zero_grad()
+        loss = model.train_step(*batch, normalizer=16.0).loss
+        opt.step()
+        first = loss.item() if first is None else first
+    assert loss.item() < 0.5 * first
+
+
+def test_decoder_saved_bytes_do_not_grow_with_target_length():
+    model = toy.model("revgru", "emb+slice", dropout=0.0)
+
+    def peak(tgt_len):
+        batch = toy.batch(batch=2, src_lens=(5, 4), tgt_lens=(tgt_len, tgt_len))
+        with SavedTensorMeter(exclude=[*model.parameters(), *batch]) as meter:
+            model.train_step(*batch, normalizer=1.0)
+        return meter.peak_bytes
+
+    # Nothing per step but the padding mask of the target (one byte per token, like the ids). The
+    # input projection's chunk grows with the length up to PROJECTION_STEPS, so both lengths exceed it.
+    short, long = PROJECTION_STEPS + 4, 3 * PROJECTION_STEPS + 4
+    assert 0 <= peak(long) - peak(short) <= 2 * (long - short)
+
+
+def test_weight_change_between_forward_and_backward_is_caught(monkeypatch):
+    model, batch = toy.model("revgru", "emb"), toy.batch()
+    sweep = model.decoder.backward_sweep
+
+    def tampered(*args, **kwargs):
+        with torch.no_grad():
+            model.decoder.cells[0].g[1].weight.mul_(1.01)
+        return sweep(*args, **kwargs)
+
+    monkeypatch.setattr(model.decoder, "backward_sweep", tampered)
+    with pytest.raises(ReversalError):
+        model.train_step(*batch, normalizer=1.0)
