@@ -43,9 +43,7 @@ class OrdinarySeq2Seq(Seq2Seq):
 
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                       masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:
-        x_src, x_tgt = self.src_emb(src), self.tgt_emb(tgt_in)
-        if masks.src is not None:
-            x_src, x_tgt = x_src * masks.src, x_tgt * masks.tgt
+        x_src, x_tgt = self.embed(src, tgt_in, masks)
         enc_out, enc_final = self.encoder(x_src, src_len)
         dec_out, _ = self.decoder(x_tgt, (tgt_out != PAD).sum(0), enc_final)
         return dec_out, self.build_memory(src, masks, self._stored(enc_out))

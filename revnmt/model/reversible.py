@@ -104,9 +104,7 @@ class ReversibleSeq2Seq(Seq2Seq):
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                       masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:
         """The same fixed-point model as reversal, every graph kept (the reference and validation)."""
-        x_src, x_tgt = self.src_emb(src), self.tgt_emb(tgt_in)
-        if masks.src is not None:
-            x_src, x_tgt = x_src * masks.src, x_tgt * masks.tgt
+        x_src, x_tgt = self.embed(src, tgt_in, masks)
         _, enc_f, slices, enc_i = self.encoder.forward_autograd(x_src, src != PAD, dropout=masks.encoder)
         dec_out, *_ = self.decoder.forward_autograd(x_tgt, tgt_out != PAD, initial=enc_i,
                                                     initial_float=enc_f, dropout=masks.decoder)

@@ -162,6 +162,13 @@ class Seq2Seq(nn.Module, ABC):
         masks.encoder, masks.decoder = self.draw_rnn_dropout(batch, device)
         return masks
 
+    def embed(self, src: torch.Tensor, tgt_in: torch.Tensor, masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source [S, B, E] and target [T, B, E] embeddings of time-major ids, with the batch's dropout."""
+        x_src, x_tgt = self.src_emb(src), self.tgt_emb(tgt_in)
+        if masks.src is not None:
+            x_src, x_tgt = x_src * masks.src, x_tgt * masks.tgt
+        return x_src, x_tgt
+
     def build_memory(self, src: torch.Tensor, masks: DropoutMasks, stored: torch.Tensor | None) -> torch.Tensor:
         """Attention memory [B, S, M] from time-major source ids and the stored top-layer units."""
         parts = []
