@@ -8,6 +8,11 @@
    live saved storages), per target token, for the reversible model and the ordinary model of the
    same size. Python-held state (the buffers) is not in this figure; it is level 1.
 3. The CUDA allocator's peak during one training step, when run on a GPU (else null).
+
+Next to level 2, never added to it, the report gives the bytes per target token that each step
+holds outside autograd by its own account (``StepResult.held_bytes``: buffers, stored slices, the
+gradients of detached leaves, working sets). It is a tally, not a measurement, and its peak and
+autograd's need not fall at the same moment of the step.
 """
 
 from __future__ import annotations
@@ -66,8 +71,17 @@ def analytic_bits(model: Seq2Seq, batches: Iterable[Batch]) -> dict[str, SideBit
     return sides
 
 
-def step_memory(model: Seq2Seq, batch: Batch) -> tuple[int, int | None]:
-    """(peak bytes autograd saves, CUDA allocator peak or None) over one training step."""
+@dataclass(frozen=True)
+class StepMemory:
+    """The memory of one training step, at each level the report gives."""
+
+    saved_bytes: int  # peak of the bytes autograd saves (measured)
+    held_bytes: int  # held outside autograd at the step's peak (the step's own account)
+    cuda_peak: int | None  # the CUDA allocator's peak; None on CPU
+
+
+def step_memory(model: Seq2Seq, batch: Batch) -> StepMemory:
+    """The memory of one training step on ``batch``."""
     model.train()
     tensors = (batch.src, batch.src_len, batch.tgt_in, batch.tgt_out)
     cuda = batch.src.device.type == "cuda"
@@ -76,13 +90,13 @@ def step_memory(model: Seq2Seq, batch: Batch) -> tuple[int, int | None]:
         torch.cuda.reset_peak_memory_stats()
     # parameters and the batch's ids are not activations: exclude their storages
     with SavedTensorMeter(exclude=[*model.parameters(), *tensors]) as meter:
-        model.train_step(*tensors, normalizer=float(batch.n_tokens))
+        result = model.train_step(*tensors, normalizer=float(batch.n_tokens))
     peak = None
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     model.zero_grad(set_to_none=True)
-    return meter.peak_bytes, peak
+    return StepMemory(meter.peak_bytes, result.held_bytes, peak)
 
 
 def ordinary_counterpart(cfg: ModelConfig) -> ModelConfig:
@@ -97,16 +111,19 @@ def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
     ordinary = build_model(ordinary_counterpart(model.cfg)).to(device)
     tokens = sum(b.n_tokens for b in batches)
     saved = {"reversible": 0, "ordinary": 0}
+    held = {"reversible": 0, "ordinary": 0}
     peaks: dict[str, int | None] = {"reversible": None, "ordinary": None}
     for name, m in (("reversible", model), ("ordinary", ordinary)):
         for batch in batches:
-            saved_bytes, peak = step_memory(m, batch)
-            saved[name] += saved_bytes
-            if peak is not None:
-                peaks[name] = max(peaks[name] or 0, peak)
+            step = step_memory(m, batch)
+            saved[name] += step.saved_bytes
+            held[name] += step.held_bytes
+            if step.cuda_peak is not None:
+                peaks[name] = max(peaks[name] or 0, step.cuda_peak)
     cuda = device.type == "cuda"
     return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),
             "model": {"saved_bytes_per_token": {k: v / tokens for k, v in saved.items()},
+                      "held_bytes_per_token": {k: v / tokens for k, v in held.items()},
                       "peak_bytes": peaks if cuda else None},
             "batches": len(batches), "target_tokens": tokens}
 
@@ -123,6 +140,9 @@ def format_report(report: dict) -> str:
     lines.append(f"bytes autograd saves per target token (peak over a training step): "
                  f"reversible {saved['reversible']:,.0f}, ordinary {saved['ordinary']:,.0f} "
                  f"({saved['ordinary'] / saved['reversible']:.1f}x)")
+    held = report["model"]["held_bytes_per_token"]
+    lines.append(f"bytes held outside autograd per target token (the step's own account, not in the figure "
+                 f"above): reversible {held['reversible']:,.0f}, ordinary {held['ordinary']:,.0f}")
     peak = report["model"]["peak_bytes"]
     if peak:
         lines.append(f"CUDA allocator peak per training step: reversible {peak['reversible']:,d} B, "

@@ -44,6 +44,10 @@ def test_report_compares_with_the_ordinary_model_of_the_same_size():
     report = memory_report(build_model(cfg), [_batch(src_len=30, tgt_len=30)])
     saved = report["model"]["saved_bytes_per_token"]
     assert saved["ordinary"] > 2 * saved["reversible"] > 0
+    # the steps' own account of what they held outside autograd is a figure of its own
+    held = report["model"]["held_bytes_per_token"]
+    assert held["reversible"] > 0 and held["ordinary"] > 0
+    assert "held outside autograd" in format_report(report)
     assert report["model"]["peak_bytes"] is None  # CPU: no allocator figure is invented
     assert report["decoder"]["actual_ratio"] > 1
     assert "encoder" in format_report(report)
