@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,11 @@ import torch
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from revnmt.cli.options import byte_size
 from revnmt.cli.train import parse_args as train_config
-from revnmt.data import BatchSampler, language_file, load_data, make_batch, multi30k_prefix
+from revnmt.data import Batch, BatchSampler, language_file, load_data, make_batch, multi30k_prefix
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import build_model
 from revnmt.training.schedule import build_optimizer
+from revnmt.training.speed import tokens_per_second
 from revnmt.training.trainer import clip_and_step, compute_gradients
 
 ROOT = Path(__file__).resolve().parent.parent  # where runs/ goes by default
@@ -245,19 +247,15 @@ def measure_speed(args: argparse.Namespace) -> dict[str, float]:
         nets[model.name] = build_model(config.model).to(args.device)
         optimizers[model.name] = build_optimizer(config.training, nets[model.name].parameters())
         clips[model.name] = config.training.clip
-    seconds = dict.fromkeys(nets, 0.0)
-    tokens = 0
-    for i, indices in enumerate(batches):
-        batch = make_batch(data.train, indices).to(args.device)
-        for name, net in nets.items():
-            start = time.perf_counter()
-            compute_gradients(net, [batch]).item()  # .item(): the step is done (CUDA) before the clock reads
+
+    def step(name: str) -> Callable[[Batch], None]:
+        def train(batch: Batch) -> None:
+            compute_gradients(nets[name], [batch]).item()  # .item(): the step is done (CUDA) before the clock reads
             clip_and_step(optimizers[name], clips[name])
-            if i >= WARMUP_BATCHES:
-                seconds[name] += time.perf_counter() - start
-        if i >= WARMUP_BATCHES:
-            tokens += batch.n_tokens
-    speed = {name: tokens / seconds[name] for name in nets}
+        return train
+
+    batches = [make_batch(data.train, indices).to(args.device) for indices in batches]
+    speed = tokens_per_second({name: step(name) for name in nets}, batches, warmup=WARMUP_BATCHES)
     for name, value in speed.items():
         print(f"[{name}] {value:.0f} training tokens/s ({args.speed} batches, {args.threads} threads)", flush=True)
     return speed

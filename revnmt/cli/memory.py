@@ -22,7 +22,8 @@ from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
 from revnmt.data import BatchSampler, load_data, make_batch
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
-from revnmt.memory.report import format_report, memory_report, ordinary_counterpart
+from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
+from revnmt.training.speed import tokens_per_second
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
 
@@ -58,12 +59,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths) -> dict:
-    """The token batch the model and its ordinary counterpart each fit under ``--memory-budget``, as
+SPEED_WARMUP = 2  # measured batches not timed
+
+
+def _speed(model: Seq2Seq, checkpoint_steps: int | str, batches: list) -> dict[str, float]:
+    """Training tokens/s (a step's forward and backward) of the model and of each model it is compared
+    with, side by side on ``batches``."""
+    device = batches[0].src.device
+    models = {}
+    for name, cfg in comparison_configs(model.cfg, checkpoint_steps).items():
+        models[name] = model if name == "reversible" else build_model(cfg).to(device)
+
+    def step(net: Seq2Seq):
+        def train(batch) -> None:
+            net.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, float(batch.n_tokens)).loss.item()
+            net.zero_grad(set_to_none=True)
+        return train
+
+    return tokens_per_second({name: step(net) for name, net in models.items()}, batches, warmup=SPEED_WARMUP)
+
+
+def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths, checkpoint_steps: int | str) -> dict:
+    """The token batch the model and each model it is compared with fit under ``--memory-budget``, as
     revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan."""
     device = torch.device(args.device)
     report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
-    for name, cfg in (("reversible", model.cfg), ("ordinary", ordinary_counterpart(model.cfg))):
+    for name, cfg in comparison_configs(model.cfg, checkpoint_steps).items():
         candidate = model if name == "reversible" else build_model(cfg).to(device)
         plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths, device)
         report["batch_tokens"][name] = plan.batch_tokens
@@ -106,18 +127,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = memory_report(model.to(args.device), batches)
     report["config"] = model.cfg.to_dict()
     print(format_report(report))
+    if len(batches) > SPEED_WARMUP:
+        report["tokens_per_s"] = _speed(model, report["checkpoint_steps"], batches)
+        print("training tokens/s, side by side on these batches: " + ", ".join(
+            f"{LABELS[name]} {value:,.0f}" for name, value in report["tokens_per_s"].items()))
     if args.memory_budget is not None:
         try:
-            report["budget"] = budget_report(model, args, data.train.lengths)
+            report["budget"] = budget_report(model, args, data.train.lengths, report["checkpoint_steps"])
         except BudgetError as error:
             print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2
         budget = report["budget"]
         fits, peaks = budget["batch_tokens"], budget["measured_peak"]
         print(f"tokens per batch under a {format_bytes(args.memory_budget)} budget of {budget['measured_by']} "
-              f"({args.optimizer}): reversible {fits['reversible']:,}, ordinary {fits['ordinary']:,} "
-              f"({fits['reversible'] / fits['ordinary']:.1f}x); one step on each plan's costliest batch peaked at "
-              f"{format_bytes(peaks['reversible'])} and {format_bytes(peaks['ordinary'])}")
+              f"({args.optimizer}), and the peak of one step on each plan's costliest batch:")
+        for name, label in LABELS.items():
+            print(f"  {label:48s} {fits[name]:>10,} tokens (reversible / this: "
+                  f"{fits['reversible'] / fits[name]:.1f}x), peak {format_bytes(peaks[name])}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -49,6 +49,15 @@ def device_ids(text: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _checkpoint_steps(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be a positive number of steps or auto, got {text}") from None
+
+
 def _forget_bits(text: str) -> int | None:
     # The choices themselves are checked by ModelConfig, so its message is the one users see.
     return None if text.lower() == "none" else int(text)
@@ -97,6 +106,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--hidden-size", type=int, default=defaults.hidden_size, help="RNN units per layer")
     model.add_argument("--layers", type=int, default=defaults.layers, help="encoder and decoder layers")
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
+    model.add_argument("--checkpoint-steps", type=_checkpoint_steps, metavar="{K,auto}",
+                       help="ordinary RNNs (gru, lstm): gradient checkpointing, keeping the state every K steps for "
+                       "backward and recomputing the steps between (auto: K = ceil(sqrt(T)) per batch); default: none")
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
                        help="information-buffer lanes per sentence, shared by the batch (reversible RNNs; default: "
                        f"{DEFAULT_LANES['numba']} with the numba backend, {DEFAULT_LANES['triton']} with triton or "
@@ -112,7 +124,8 @@ def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> Mo
     return ModelConfig(rnn=args.rnn, emb_dim=args.emb_dim, hidden_size=args.hidden_size, layers=args.layers,
                        dropout=args.dropout, attention=args.attention, slice_dim=args.slice_dim,
                        max_forget_bits=args.max_forget_bits, buffer_lanes=args.buffer_lanes,
-                       buffer_backend=args.buffer_backend, src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate()
+                       buffer_backend=args.buffer_backend, checkpoint_steps=args.checkpoint_steps,
+                       src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate()
 
 
 def checked_model_config(parser: argparse.ArgumentParser, args: argparse.Namespace, device: str) -> ModelConfig:

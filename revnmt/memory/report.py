@@ -5,8 +5,11 @@
    overflow log, stored attention slices) and the optimum (Σ −log2 z over forgotten bits, plus
    the slices). Taken right after the forward sweeps, when the buffers are fullest.
 2. Bytes autograd saves for backward during one training step (saved-tensor hooks, peak of the
-   live saved storages), per target token, for the reversible model and the ordinary model of the
-   same size. Python-held state (the buffers) is not in this figure; it is level 1.
+   live saved storages), per target token, for the reversible model and what a user would pick
+   instead (:func:`comparison_configs`): the ordinary model of the same size with ``hidden``
+   attention, the ordinary model with the reversible model's attention, and the latter with
+   gradient checkpointing at the best segment length. Python-held state (the buffers, the
+   checkpoints) is not in this figure.
 3. The CUDA allocator's peak during one training step, when run on a GPU (else null).
 
 Next to level 2, never added to it, the report gives the bytes per target token that each step
@@ -99,33 +102,72 @@ def step_memory(model: Seq2Seq, batch: Batch) -> StepMemory:
     return StepMemory(meter.peak_bytes, result.held_bytes, peak)
 
 
+#: Segment lengths tried for the checkpointed model; the report keeps the best (see memory_report).
+CHECKPOINT_CANDIDATES = ("auto", 2, 4, 8, 16)
+
+
 def ordinary_counterpart(cfg: ModelConfig) -> ModelConfig:
     """The ordinary model of the same size: GRU for RevGRU, LSTM for RevLSTM, ``hidden`` attention."""
     return replace(cfg, rnn=cfg.rnn.removeprefix("rev"), attention="hidden")
 
 
+def comparison_configs(cfg: ModelConfig, checkpoint_steps: int | str) -> dict[str, ModelConfig]:
+    """The models a report compares with the reversible model of ``cfg``, by name: the ordinary model
+    (``hidden`` attention), the ordinary model with the same attention (which separates what the
+    attention saves from what reversal saves), and that model checkpointed every ``checkpoint_steps``."""
+    same_attention = replace(cfg, rnn=cfg.rnn.removeprefix("rev"))
+    return {"reversible": cfg, "ordinary": ordinary_counterpart(cfg), "ordinary_same_attention": same_attention,
+            "checkpointed": replace(same_attention, checkpoint_steps=checkpoint_steps)}
+
+
+def _per_token(model: Seq2Seq, batches: list[Batch]) -> tuple[float, float, int | None]:
+    """(saved bytes, held bytes) per target token over ``batches``, and the CUDA allocator's peak."""
+    saved = held = 0
+    peak = None
+    for batch in batches:
+        step = step_memory(model, batch)
+        saved, held = saved + step.saved_bytes, held + step.held_bytes
+        if step.cuda_peak is not None:
+            peak = max(peak or 0, step.cuda_peak)
+    tokens = sum(b.n_tokens for b in batches)
+    return saved / tokens, held / tokens, peak
+
+
+def best_checkpoint_steps(cfg: ModelConfig, batches: list[Batch]) -> tuple[int | str, dict[str, float]]:
+    """The segment length among :data:`CHECKPOINT_CANDIDATES` whose checkpointed step keeps the fewest
+    bytes per target token for backward (saved by autograd plus held by the checkpoints), and that
+    figure for every candidate."""
+    kept = {}
+    for steps in CHECKPOINT_CANDIDATES:
+        model = build_model(comparison_configs(cfg, steps)["checkpointed"]).to(batches[0].src.device)
+        saved, held, _ = _per_token(model, batches)
+        kept[str(steps)] = saved + held
+    best = min(kept, key=kept.get)
+    return (best if best == "auto" else int(best)), kept
+
+
 def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
-    """The report of ``python -m revnmt.memory`` (see the module docstring for the levels)."""
+    """The report of ``revnmt-memory`` (see the module docstring for the levels)."""
     sides = analytic_bits(model, batches)
     device = batches[0].src.device
-    ordinary = build_model(ordinary_counterpart(model.cfg)).to(device)
-    tokens = sum(b.n_tokens for b in batches)
-    saved = {"reversible": 0, "ordinary": 0}
-    held = {"reversible": 0, "ordinary": 0}
-    peaks: dict[str, int | None] = {"reversible": None, "ordinary": None}
-    for name, m in (("reversible", model), ("ordinary", ordinary)):
-        for batch in batches:
-            step = step_memory(m, batch)
-            saved[name] += step.saved_bytes
-            held[name] += step.held_bytes
-            if step.cuda_peak is not None:
-                peaks[name] = max(peaks[name] or 0, step.cuda_peak)
+    steps, candidates = best_checkpoint_steps(model.cfg, batches)
+    models = {name: model if name == "reversible" else build_model(cfg).to(device)
+              for name, cfg in comparison_configs(model.cfg, steps).items()}
+    saved, held, peaks = {}, {}, {}
+    for name, m in models.items():
+        saved[name], held[name], peaks[name] = _per_token(m, batches)
     cuda = device.type == "cuda"
     return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),
-            "model": {"saved_bytes_per_token": {k: v / tokens for k, v in saved.items()},
-                      "held_bytes_per_token": {k: v / tokens for k, v in held.items()},
+            "model": {"saved_bytes_per_token": saved, "held_bytes_per_token": held,
                       "peak_bytes": peaks if cuda else None},
-            "batches": len(batches), "target_tokens": tokens}
+            "checkpoint_steps": steps, "checkpoint_candidates": candidates,
+            "batches": len(batches), "target_tokens": sum(b.n_tokens for b in batches)}
+
+
+#: How the report names each compared model.
+LABELS = {"reversible": "reversible", "ordinary": "ordinary, hidden attention",
+          "ordinary_same_attention": "ordinary, same attention",
+          "checkpointed": "ordinary, same attention, checkpointed"}
 
 
 def format_report(report: dict) -> str:
@@ -136,16 +178,17 @@ def format_report(report: dict) -> str:
         r = report[side]
         lines.append(f"{side:8s} {r['baseline_bits']:14,d} {r['actual_bits']:12,d} {r['optimal_bits']:13,.0f} "
                      f"{r['actual_ratio']:13.2f} {r['optimal_ratio']:14.2f}")
-    saved = report["model"]["saved_bytes_per_token"]
-    lines.append(f"bytes autograd saves per target token (peak over a training step): "
-                 f"reversible {saved['reversible']:,.0f}, ordinary {saved['ordinary']:,.0f} "
-                 f"({saved['ordinary'] / saved['reversible']:.1f}x)")
-    held = report["model"]["held_bytes_per_token"]
-    lines.append(f"bytes held outside autograd per target token (the step's own account, not in the figure "
-                 f"above): reversible {held['reversible']:,.0f}, ordinary {held['ordinary']:,.0f}")
-    peak = report["model"]["peak_bytes"]
-    if peak:
-        lines.append(f"CUDA allocator peak per training step: reversible {peak['reversible']:,d} B, "
-                     f"ordinary {peak['ordinary']:,d} B")
+    model = report["model"]
+    lines.append("")
+    lines.append(f"{'per target token, peak over a training step':48s} {'autograd saves':>15s} "
+                 f"{'held outside':>13s}" + (f" {'CUDA peak':>12s}" if model["peak_bytes"] else ""))
+    for name, label in LABELS.items():
+        if name == "checkpointed":
+            label = f"{label} (K = {report['checkpoint_steps']})"
+        cuda = f" {model['peak_bytes'][name]:12,d}" if model["peak_bytes"] else ""
+        lines.append(f"{label:48s} {model['saved_bytes_per_token'][name]:15,.0f} "
+                     f"{model['held_bytes_per_token'][name]:13,.0f}{cuda}")
+    lines.append("(autograd's saved bytes are measured; the bytes held outside autograd are each step's own "
+                 "tally; K is the candidate whose sum of the two is smallest)")
     lines.append(f"({report['batches']} batches, {report['target_tokens']} target tokens)")
     return "\n".join(lines)

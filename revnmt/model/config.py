@@ -12,7 +12,7 @@ ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of an attention encoder-decoder (see README, "Model options")."""
+    """Architecture of an attention encoder-decoder (the options of ``revnmt-train --help``)."""
 
     rnn: str = "revgru"
     emb_dim: int = 300
@@ -24,6 +24,9 @@ class ModelConfig:
     max_forget_bits: int | None = 3
     buffer_lanes: int | None = None  # None: revnmt.rnn.reversible.DEFAULT_LANES for the backend
     buffer_backend: str = "auto"  # where the buffer's arithmetic runs (buffers.backends); same results
+    # Ordinary RNNs only: recompute the recurrent layers in backward from checkpoints every K steps
+    # (an int, or "auto": ⌈√T⌉ per batch); None keeps every step for backward.
+    checkpoint_steps: int | str | None = None
     src_vocab: int = 0
     tgt_vocab: int = 0
 
@@ -67,6 +70,14 @@ class ModelConfig:
                                  f"{self.attention!r} attention, got {self.slice_dim}")
         if self.buffer_backend not in BACKENDS:
             raise ValueError(f"unknown --buffer-backend {self.buffer_backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.checkpoint_steps is not None:
+            if self.reversible:
+                raise ValueError("--checkpoint-steps is for ordinary RNNs (gru, lstm): reversible ones keep no "
+                                 "states to checkpoint")
+            if self.checkpoint_steps != "auto" and not (isinstance(self.checkpoint_steps, int)
+                                                        and self.checkpoint_steps >= 1):
+                raise ValueError(f"--checkpoint-steps must be a positive number of steps or auto, "
+                                 f"got {self.checkpoint_steps!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.src_vocab < 5 or self.tgt_vocab < 5:

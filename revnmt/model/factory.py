@@ -1,10 +1,12 @@
-"""Which model family a configuration builds: the one place an ``--rnn`` choice becomes a class.
+"""Which model family a configuration builds: the one place an ``--rnn`` (and ``--checkpoint-steps``)
+choice becomes a class.
 
 Everything else works with :class:`~revnmt.model.seq2seq.Seq2Seq`, whatever the family.
 """
 
 from __future__ import annotations
 
+from .checkpointed import CheckpointedSeq2Seq
 from .config import ModelConfig
 from .ordinary import OrdinarySeq2Seq
 from .reversible import ReversibleSeq2Seq
@@ -13,8 +15,9 @@ from .seq2seq import Seq2Seq
 
 def build_model(cfg: ModelConfig) -> Seq2Seq:
     """A freshly initialised model of ``cfg`` (on CPU), of the family its ``rnn`` belongs to."""
-    family = ReversibleSeq2Seq if cfg.validate().reversible else OrdinarySeq2Seq  # no unknown rnn falls through
-    return family(cfg)
+    if cfg.validate().reversible:  # validated first: no unknown rnn falls through
+        return ReversibleSeq2Seq(cfg)
+    return CheckpointedSeq2Seq(cfg) if cfg.checkpoint_steps is not None else OrdinarySeq2Seq(cfg)
 
 
 def model_from_checkpoint_state(state: dict) -> Seq2Seq:

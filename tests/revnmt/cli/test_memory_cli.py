@@ -9,14 +9,18 @@ from revnmt.cli.memory import main
 TINY = ["--emb-dim", "16", "--hidden-size", "16", "--slice-dim", "4", "--min-freq", "1", "--device", "cpu"]
 
 
-def test_the_report_measures_the_model_and_its_ordinary_counterpart(toy, tmp_path, capsys):
+def test_the_report_measures_the_model_and_what_a_user_would_pick_instead(toy, tmp_path, capsys):
     report = tmp_path / "memory.json"
-    assert main(["--train", toy["train"], "--valid", toy["valid"], *TINY, "--batches", "2", "--batch-size", "8",
+    assert main(["--train", toy["train"], "--valid", toy["valid"], *TINY, "--batches", "3", "--batch-size", "8",
                  "--json", str(report)]) == 0
     saved = json.loads(report.read_text())
-    assert saved["config"]["rnn"] == "revgru" and saved["batches"] == 2
+    assert saved["config"]["rnn"] == "revgru" and saved["batches"] == 3
     assert saved["decoder"]["actual_ratio"] > 1  # the buffer holds fewer bits than the states it replaces
-    assert "bytes autograd saves per target token" in capsys.readouterr().out
+    names = {"reversible", "ordinary", "ordinary_same_attention", "checkpointed"}
+    assert set(saved["model"]["saved_bytes_per_token"]) == names
+    assert set(saved["tokens_per_s"]) == names and min(saved["tokens_per_s"].values()) > 0
+    out = capsys.readouterr().out
+    assert "autograd saves" in out and "training tokens/s, side by side" in out
 
 
 @pytest.mark.parametrize("options, message", [

@@ -25,6 +25,9 @@ REQUIRED = ["--save-dir", "runs/x"]
     (["--lr", "1e-6"], "--lr 1e-06 is below --min-lr 1e-05"),
     (["--device", "gpu0"], "is not a torch device"),
     (["--buffer-backend", "cudnn"], "invalid choice: 'cudnn'"),
+    (["--checkpoint-steps", "4"], "--checkpoint-steps is for ordinary RNNs"),
+    (["--rnn", "gru", "--checkpoint-steps", "sqrt"], "must be a positive number of steps or auto, got sqrt"),
+    (["--rnn", "gru", "--checkpoint-steps", "0"], "must be a positive number of steps or auto, got 0"),
     (["--buffer-backend", "numba", "--device", "meta"], "--buffer-backend: the numba buffer backend runs on CPU only"),
 ])
 def test_bad_options_are_usage_errors(options, message, capsys):
@@ -53,6 +56,8 @@ def test_defaults_depend_on_data_and_optimizer():
     assert (config.data.data, config.data.lowercase, config.training.lr, config.training.batch_size,
             config.model.max_forget_bits) == (None, False, 1.0, None, None)
     assert parse_args([*REQUIRED, "--no-lowercase"]).data.lowercase is False
+    assert parse_args([*REQUIRED, "--rnn", "lstm", "--checkpoint-steps", "auto"]).model.checkpoint_steps == "auto"
+    assert parse_args([*REQUIRED, "--rnn", "gru", "--checkpoint-steps", "8"]).model.checkpoint_steps == 8
 
 
 def test_the_run_config_is_frozen_and_records_every_option_by_its_name():

@@ -1,9 +1,12 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
 from revnmt.data import Batch
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.memory.report import analytic_bits, format_report, memory_report, ordinary_counterpart
+from revnmt.memory.report import (CHECKPOINT_CANDIDATES, LABELS, analytic_bits, comparison_configs, format_report,
+                                  memory_report, ordinary_counterpart)
 from revnmt.model import ModelConfig, build_model
 
 
@@ -37,17 +40,27 @@ def test_analytic_bits_follow_the_definitions(rnn):
     assert sides["decoder"].optimal_bits < sides["decoder"].actual_bits < sides["decoder"].baseline_bits
 
 
-def test_report_compares_with_the_ordinary_model_of_the_same_size():
+def test_report_compares_with_what_a_user_would_pick_instead():
     torch.manual_seed(0)
     cfg = ModelConfig(rnn="revgru", emb_dim=16, hidden_size=20, attention="emb", src_vocab=40, tgt_vocab=40)
     assert ordinary_counterpart(cfg).rnn == "gru" and ordinary_counterpart(cfg).attention == "hidden"
+    others = comparison_configs(cfg, 4)
+    assert (others["ordinary_same_attention"].rnn, others["ordinary_same_attention"].attention) == ("gru", "emb")
+    assert others["checkpointed"] == replace(others["ordinary_same_attention"], checkpoint_steps=4)
     report = memory_report(build_model(cfg), [_batch(src_len=30, tgt_len=30)])
     saved = report["model"]["saved_bytes_per_token"]
     assert saved["ordinary"] > 2 * saved["reversible"] > 0
+    # checkpointing the same model saves less than keeping every step, and reversal less than both
+    assert saved["ordinary_same_attention"] > saved["checkpointed"] > saved["reversible"]
+    # the chosen segment length is the candidate that keeps the fewest bytes for backward
+    candidates = report["checkpoint_candidates"]
+    assert set(candidates) == {str(k) for k in CHECKPOINT_CANDIDATES}
+    assert candidates[str(report["checkpoint_steps"])] == min(candidates.values())
     # the steps' own account of what they held outside autograd is a figure of its own
     held = report["model"]["held_bytes_per_token"]
-    assert held["reversible"] > 0 and held["ordinary"] > 0
-    assert "held outside autograd" in format_report(report)
+    assert all(held[name] > 0 for name in LABELS)
+    assert held["checkpointed"] > held["ordinary_same_attention"]  # what the checkpoints hold
+    assert "held outside" in format_report(report) and "checkpointed (K = " in format_report(report)
     assert report["model"]["peak_bytes"] is None  # CPU: no allocator figure is invented
     assert report["decoder"]["actual_ratio"] > 1
     assert "encoder" in format_report(report)

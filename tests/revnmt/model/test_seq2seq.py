@@ -7,6 +7,7 @@ from toy_model import Toy
 from revnmt.checkpoint import load_checkpoint, save_checkpoint
 from revnmt.data.vocab import BOS, PAD
 from revnmt.model import (
+    CheckpointedSeq2Seq,
     OrdinarySeq2Seq,
     ReversibleSeq2Seq,
     Seq2Seq,
@@ -21,6 +22,8 @@ toy = Toy()
                                         ("gru", OrdinarySeq2Seq), ("lstm", OrdinarySeq2Seq)])
 def test_the_factory_builds_the_family_of_each_rnn(rnn, family):
     model = build_model(toy.config(rnn, "emb+slice"))
+    if family is OrdinarySeq2Seq:
+        assert type(build_model(toy.config(rnn, checkpoint_steps="auto"))) is CheckpointedSeq2Seq
     assert type(model) is family and isinstance(model, Seq2Seq)
     with pytest.raises(TypeError):  # the shared base alone has no recurrent layers
         Seq2Seq(toy.config(rnn))

@@ -7,7 +7,8 @@ from revnmt.checkpoint import load_checkpoint
 from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import ModelConfig, build_model
+from revnmt.model import CheckpointedSeq2Seq, ModelConfig, build_model
+from revnmt.translator import Translator
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
@@ -126,6 +127,18 @@ def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, t
     assert f"of {format_bytes(budget * 2 ** 20)} budget" in log  # every log line shows the peak beside it
     assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "3") == 0
     assert load_checkpoint(save_dir / "last.pt")["memory_plan"]["batch_tokens"] == plan["batch_tokens"]
+
+
+def test_a_checkpointed_ordinary_model_trains_under_a_memory_budget_and_translates(train, tmp_path):
+    budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
+    save_dir = tmp_path / "checkpointed"
+    assert train(save_dir, "--rnn", "gru", "--attention", "emb+slice", "--checkpoint-steps", "auto",
+                 "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 0
+    checkpoint = load_checkpoint(save_dir / "last.pt")
+    assert checkpoint["model_config"]["checkpoint_steps"] == "auto" and checkpoint["memory_plan"]["batch_tokens"] > 0
+    translator = Translator.from_checkpoint(save_dir)
+    assert type(translator.model) is CheckpointedSeq2Seq
+    assert len(translator.translate(["A man runs .", "The dog sleeps ."], beam=2)) == 2
 
 
 def test_memory_budget_too_small_for_the_model_stops_with_what_it_needs(train, tmp_path):
