@@ -120,7 +120,7 @@ def comparison_configs(cfg: ModelConfig, checkpoint_steps: int | str) -> dict[st
             "checkpointed": replace(same_attention, checkpoint_steps=checkpoint_steps)}
 
 
-def _per_token(model: Seq2Seq, batches: list[Batch]) -> tuple[float, float, int | None]:
+def per_token_memory(model: Seq2Seq, batches: list[Batch]) -> tuple[float, float, int | None]:
     """(saved bytes, held bytes) per target token over ``batches``, and the CUDA allocator's peak."""
     saved = held = 0
     peak = None
@@ -140,7 +140,7 @@ def best_checkpoint_steps(cfg: ModelConfig, batches: list[Batch]) -> tuple[int |
     kept = {}
     for steps in CHECKPOINT_CANDIDATES:
         model = build_model(comparison_configs(cfg, steps)["checkpointed"]).to(batches[0].src.device)
-        saved, held, _ = _per_token(model, batches)
+        saved, held, _ = per_token_memory(model, batches)
         kept[str(steps)] = saved + held
     best = min(kept, key=kept.get)
     return (best if best == "auto" else int(best)), kept
@@ -155,7 +155,7 @@ def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
               for name, cfg in comparison_configs(model.cfg, steps).items()}
     saved, held, peaks = {}, {}, {}
     for name, m in models.items():
-        saved[name], held[name], peaks[name] = _per_token(m, batches)
+        saved[name], held[name], peaks[name] = per_token_memory(m, batches)
     cuda = device.type == "cuda"
     return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),
             "model": {"saved_bytes_per_token": saved, "held_bytes_per_token": held,

@@ -1,0 +1,86 @@
+"""Activation memory against sentence length: reversal against gradient checkpointing and ordinary models.
+
+    python benchmarks/checkpointing.py                          # T = 14, 50, 200; RevGRU emb+slice, 3 bits
+    python benchmarks/checkpointing.py --rnn revlstm --lengths 14 50 200 400 --json FILE
+
+For each length T, one synthetic batch of ``--batch`` sentences of T source and T target tokens trains
+one step on each model that ``revnmt-memory`` compares (the reversible model; the ordinary model with
+``hidden`` attention; the ordinary model with the reversible model's attention; that model checkpointed
+at the segment length, among revnmt.memory.report.CHECKPOINT_CANDIDATES, that keeps the least for
+backward at this T). Printed per target token: the bytes autograd saves (measured) and the bytes each
+step holds outside autograd (its own tally: buffers, checkpoints, detached leaves' gradients), kept
+apart as levels. Model sizes default to the paper's Multi30K setup; the vocabularies are Multi30K-sized.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from revnmt.data import Batch
+from revnmt.data.vocab import BOS, EOS
+from revnmt.memory.report import LABELS, best_checkpoint_steps, comparison_configs, per_token_memory
+from revnmt.model import ModelConfig, build_model
+
+SRC_VOCAB, TGT_VOCAB = 5_896, 7_886  # Multi30K's at --min-freq 2
+
+
+def synthetic_batch(sentences: int, length: int, seed: int = 0) -> Batch:
+    """``sentences`` pairs of ``length`` source and ``length`` target tokens (random ids, no padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, SRC_VOCAB, (sentences, length), generator=gen)
+    tgt = torch.randint(4, TGT_VOCAB, (sentences, length - 1), generator=gen)
+    tgt_in = torch.cat([torch.full((sentences, 1), BOS), tgt], 1)
+    tgt_out = torch.cat([tgt, torch.full((sentences, 1), EOS)], 1)
+    lengths = torch.full((sentences,), length)
+    return Batch(src, lengths, tgt_in, tgt_out, lengths, sentences * length, list(range(sentences)))
+
+
+def measure(cfg: ModelConfig, lengths: list[int], sentences: int) -> list[dict]:
+    """One row per length: every compared model's saved and held bytes per target token."""
+    rows = []
+    for length in lengths:
+        batch = [synthetic_batch(sentences, length)]
+        steps, _ = best_checkpoint_steps(cfg, batch)
+        row = {"length": length, "sentences": sentences, "checkpoint_steps": steps, "saved_bytes_per_token": {},
+               "held_bytes_per_token": {}}
+        for name, model_cfg in comparison_configs(cfg, steps).items():
+            torch.manual_seed(0)
+            saved, held, _ = per_token_memory(build_model(model_cfg), batch)
+            row["saved_bytes_per_token"][name], row["held_bytes_per_token"][name] = saved, held
+        rows.append(row)
+        print(table_row(row), flush=True)
+    return rows
+
+
+def table_row(row: dict) -> str:
+    cells = [f"{row['saved_bytes_per_token'][n]:,.0f} + {row['held_bytes_per_token'][n]:,.0f}" for n in LABELS]
+    return f"| {row['length']} | {row['checkpoint_steps']} | " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rnn", choices=["revgru", "revlstm"], default="revgru")
+    parser.add_argument("--attention", choices=["emb", "slice", "emb+slice"], default="emb+slice")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[14, 50, 200], help="tokens per sentence, each side")
+    parser.add_argument("--batch", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--hidden-size", type=int, default=300, help="RNN units (the paper's Multi30K setup: 300)")
+    parser.add_argument("--emb-dim", type=int, default=300, help="embedding size")
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    args = parser.parse_args()
+    cfg = ModelConfig(rnn=args.rnn, attention=args.attention, hidden_size=args.hidden_size, emb_dim=args.emb_dim,
+                      slice_dim=min(20, args.hidden_size // 2), src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB).validate()
+    print(f"{args.rnn} {args.attention}, {args.batch} sentences of T tokens a side; per target token, bytes autograd "
+          f"saves + bytes held outside autograd:")
+    print("| T | best K | " + " | ".join(LABELS.values()) + " |")
+    print("|---:|---:|" + "---:|" * len(LABELS))
+    rows = measure(cfg, args.lengths, args.batch)
+    if args.json:
+        args.json.write_text(json.dumps({"config": cfg.to_dict(), "rows": rows}, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
