@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 
 from buffers import (
-    FORGET_ONE, HIDDEN_RADIX, InformationBuffer, checked_add, quantize_forget, restrict_forget, to_fixed,
+    FORGET_ONE,
+    HIDDEN_RADIX,
+    InformationBuffer,
+    checked_add,
+    quantize_forget,
+    restrict_forget,
+    to_fixed,
 )
 
 

@@ -11,7 +11,6 @@ torch or Triton), :mod:`.buffer` (the front that ties them together).
 
 from .backends import BACKENDS
 from .buffer import InformationBuffer
-from .words import WORD_LIMIT, BufferError
 from .fixed import (
     FORGET_ONE,
     FORGET_RADIX,
@@ -30,6 +29,7 @@ from .fixed import (
     to_float,
 )
 from .multiply import div_exact, mul_exact
+from .words import WORD_LIMIT, BufferError
 
 __all__ = [
     "BACKENDS", "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "HIDDEN_RADIX",

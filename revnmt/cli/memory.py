@@ -23,12 +23,20 @@ from revnmt.data import BatchSampler, load_data, make_batch
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
-from revnmt.training.speed import tokens_per_second
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
+from revnmt.training.speed import tokens_per_second
 
-from .options import (add_data_options, add_model_options, byte_size, check_device, checked_model_config, data_config,
-                      default_device, model_config)
+from .options import (
+    add_data_options,
+    add_model_options,
+    byte_size,
+    check_device,
+    checked_model_config,
+    data_config,
+    default_device,
+    model_config,
+)
 
 PROG = "revnmt-memory"
 logger = logging.getLogger("revnmt.memory")

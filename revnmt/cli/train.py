@@ -21,13 +21,34 @@ from revnmt.data import TrainingData, load_data
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.model import Seq2Seq, build_model
-from revnmt.training import (DEFAULT_BATCH_SIZE, DEFAULT_LR, DistributedTrainer, HogwildTrainer, Job, RunConfig,
-                             Trainer, TrainingConfig, WorkerError, process_group)
+from revnmt.training import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    DistributedTrainer,
+    HogwildTrainer,
+    Job,
+    RunConfig,
+    Trainer,
+    TrainingConfig,
+    WorkerError,
+    process_group,
+)
 from revnmt.training.progress import logging_to
 from revnmt.translator import Translator, evaluate
 
-from .options import (HelpFormatter, add_data_options, add_model_options, byte_size, check_device,
-                      checked_model_config, data_config, default_device, device_ids, positive_float, positive_int)
+from .options import (
+    HelpFormatter,
+    add_data_options,
+    add_model_options,
+    byte_size,
+    check_device,
+    checked_model_config,
+    data_config,
+    default_device,
+    device_ids,
+    positive_float,
+    positive_int,
+)
 
 PROG = "revnmt-train"
 logger = logging.getLogger("revnmt.train")

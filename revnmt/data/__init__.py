@@ -1,8 +1,7 @@
 """Data pipeline: raw parallel text -> Moses tokens -> vocabulary ids -> padded batches."""
 
 from revnmt.data.batching import Batch, BatchSampler, EncodedDataset, Example, make_batch, sorted_batches
-from revnmt.data.corpus import (ParallelCorpus, decode_lines, decode_stream, language_file, load_parallel,
-                                read_lines)
+from revnmt.data.corpus import ParallelCorpus, decode_lines, decode_stream, language_file, load_parallel, read_lines
 from revnmt.data.loading import DataConfig, DataOptions, TrainingData, load_data
 from revnmt.data.multi30k import MULTI30K_SPLITS, find_multi30k, multi30k_prefix
 from revnmt.data.tokenization import Detokenizer, Tokenizer

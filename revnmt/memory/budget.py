@@ -24,9 +24,8 @@ shrinks the batches for the rest of the run.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import logging
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch

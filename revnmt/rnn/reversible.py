@@ -35,7 +35,6 @@ from buffers import BufferError, FixedPointOverflowError, InformationBuffer, Ove
 
 from .cells import REV_CELLS, RevCell
 
-
 #: Layer 0's input projections are computed this many steps per matrix product (see InputProjection). Longer
 #: chunks are faster, but a chunk is held memory, steps x batch x gate columns floats, a cost per sentence that short
 #: sentences feel most under a memory budget: the measurements behind 2 are in docs/performance.md.

@@ -3,8 +3,19 @@ import pytest
 import torch
 
 from revnmt.data import BatchSampler
-from revnmt.memory.budget import (BudgetError, BudgetGuard, BudgetPlan, StepCost, _largest_batch, base_bytes,
-                                  fit_step_cost, optimizer_bytes, plan_budget, probe_step_bytes, synthetic_batch)
+from revnmt.memory.budget import (
+    BudgetError,
+    BudgetGuard,
+    BudgetPlan,
+    StepCost,
+    _largest_batch,
+    base_bytes,
+    fit_step_cost,
+    optimizer_bytes,
+    plan_budget,
+    probe_step_bytes,
+    synthetic_batch,
+)
 from revnmt.memory.peak import PeakMeter, release_free_memory, track_freed_memory
 from revnmt.model import ModelConfig, build_model
 

@@ -5,8 +5,15 @@ import torch
 
 from revnmt.data import Batch
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.memory.report import (CHECKPOINT_CANDIDATES, LABELS, analytic_bits, comparison_configs, format_report,
-                                  memory_report, ordinary_counterpart)
+from revnmt.memory.report import (
+    CHECKPOINT_CANDIDATES,
+    LABELS,
+    analytic_bits,
+    comparison_configs,
+    format_report,
+    memory_report,
+    ordinary_counterpart,
+)
 from revnmt.model import ModelConfig, build_model
 
 

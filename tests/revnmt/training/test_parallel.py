@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 from conftest import TINY_MODEL
 
 from revnmt.checkpoint import load_checkpoint
-from revnmt.model import ReversibleSeq2Seq, build_model
 from revnmt.cli.train import main
 from revnmt.data import load_data
+from revnmt.model import ReversibleSeq2Seq, build_model
 from revnmt.training import HogwildTrainer, RunConfig, Trainer, WorkerError
 from revnmt.training.distributed import state_digest
 from revnmt.translator import Translator

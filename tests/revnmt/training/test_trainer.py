@@ -8,8 +8,8 @@ from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import CheckpointedSeq2Seq, ModelConfig, build_model
-from revnmt.translator import Translator
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
+from revnmt.translator import Translator
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
                    "rng", "args", "memory_plan"}
