@@ -142,3 +142,17 @@ def test_torchrun_ranks_train_identical_weights(toy, tmp_path):
     assert digest and digest.group(1) == state_digest(checkpoint["model"])  # rank 1's weights = rank 0's checkpoint
     assert "[rank 0]" in result.stderr and "[rank 1]" not in result.stderr  # rank 1 logs warnings only
     _translates(run)
+
+
+def test_checkpointed_ordinary_models_train_with_hogwild_workers_and_torchrun_ranks(train, toy, tmp_path):
+    checkpointed = ["--rnn", "gru", "--attention", "emb+slice", "--checkpoint-steps", "auto"]
+    assert train(tmp_path / "hogwild", *checkpointed, "--hogwild", "2", "--max-steps", "3") == 0
+    assert load_checkpoint(tmp_path / "hogwild" / "last.pt")["model_config"]["checkpoint_steps"] == "auto"
+    run = tmp_path / "ranks"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(_free_port()), "train.py", "--train", toy["train"], "--valid", toy["valid"],
+               "--save-dir", str(run), *TINY_MODEL, *checkpointed, "--batch-size", "32", "--max-steps", "2"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "weights identical on all 2 ranks" in (run / "train.log").read_text()
+
