@@ -20,30 +20,18 @@ from pathlib import Path
 
 import torch
 
-from revnmt.data import Batch
-from revnmt.data.vocab import BOS, EOS
+from revnmt.memory.budget import synthetic_batch
 from revnmt.memory.report import LABELS, best_checkpoint_steps, comparison_configs, per_token_memory
 from revnmt.model import ModelConfig, build_model
 
 SRC_VOCAB, TGT_VOCAB = 5_896, 7_886  # Multi30K's at --min-freq 2
 
 
-def synthetic_batch(sentences: int, length: int, seed: int = 0) -> Batch:
-    """``sentences`` pairs of ``length`` source and ``length`` target tokens (random ids, no padding)."""
-    gen = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, SRC_VOCAB, (sentences, length), generator=gen)
-    tgt = torch.randint(4, TGT_VOCAB, (sentences, length - 1), generator=gen)
-    tgt_in = torch.cat([torch.full((sentences, 1), BOS), tgt], 1)
-    tgt_out = torch.cat([tgt, torch.full((sentences, 1), EOS)], 1)
-    lengths = torch.full((sentences,), length)
-    return Batch(src, lengths, tgt_in, tgt_out, lengths, sentences * length, list(range(sentences)))
-
-
 def measure(cfg: ModelConfig, lengths: list[int], sentences: int) -> list[dict]:
     """One row per length: every compared model's saved and held bytes per target token."""
     rows = []
     for length in lengths:
-        batch = [synthetic_batch(sentences, length)]
+        batch = [synthetic_batch(sentences, length, SRC_VOCAB, TGT_VOCAB, torch.device("cpu"))]
         steps, _ = best_checkpoint_steps(cfg, batch)
         row = {"length": length, "sentences": sentences, "checkpoint_steps": steps, "saved_bytes_per_token": {},
                "held_bytes_per_token": {}}
