@@ -2,6 +2,7 @@
 
     python benchmarks/layers.py [--device cpu|cuda] [--backend auto|numba|torch|triton] [--json FILE] [--breakdown]
     python benchmarks/layers.py --count-kernels [--device cpu|cuda] [--json FILE]
+    python benchmarks/layers.py --batch-sizes 1 8 64 256 [--steps 50] [--json FILE]
 
 One training step = forward + backward of a 1-layer, 300-unit layer over a [T, 64, 300] input with
 a loss on every output (so every step's output gradient is needed, as in a decoder). Reversible
@@ -13,6 +14,10 @@ repetitions alternate.
 products, the buffer's compiled loops and everything else (small tensor ops, Python). cProfile
 slows every Python call, so the step takes longer under it and "everything else" is inflated;
 the products' and loops' times are those of the calls themselves.
+
+``--batch-sizes`` times the step at every batch size instead of ``--batch`` and prints training tokens
+per second (batch × T per step) of both layers and how each scales from the first batch size: a layer
+whose step costs about the same at every batch size (launch- or Python-bound) scales with the batch.
 
 ``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and
 time step in the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20,
@@ -41,6 +46,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import buffers
 from revnmt.rnn import ReversibleRNN, TensorInput
 from revnmt.rnn.ordinary import OrdinaryRNN
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
 
 
 def _sync(device):
@@ -83,10 +92,11 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None
         (out * w).sum().backward()
 
     rev_ms, ord_ms = _time_pair(rev_step, ordinary_step, device, repeats)
-    case = {"cell": "rev" + cell, "T": steps, "backend": buffers.backends.resolve(backend, device),
+    case = {"cell": "rev" + cell, "T": steps, "batch": batch, "backend": buffers.backends.resolve(backend, device),
             "buffer_lanes": rev.lanes_on(device), "reversible_ms": rev_ms,
             "ordinary_ms": ord_ms,
-            "ratio": rev_ms / ord_ms}
+            "ratio": rev_ms / ord_ms, "reversible_tokens_per_s": 1000 * batch * steps / rev_ms,
+            "ordinary_tokens_per_s": 1000 * batch * steps / ord_ms}
     if breakdown:
         case["breakdown_ms"] = profile_breakdown(rev_step, repeats)
     return case
@@ -145,6 +155,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", metavar="B",
+                        help="time every batch size B (instead of --batch) and print tokens/s and their scaling")
     parser.add_argument("--hidden", type=int, default=300)
     parser.add_argument("--steps", type=int, nargs="+", default=[14, 50])
     parser.add_argument("--repeats", type=int, default=5)
@@ -166,7 +178,10 @@ def main() -> None:
         # The cell must compute identically in the forward and the reverse sweep.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    if args.batch_sizes:
+        report_batch_scaling(args, device)
+        return
+    name = _device_name(device)
     report = {"device": name, "batch": args.batch, "hidden": args.hidden, "cases": []}
     print(f"training step (forward + backward), batch {args.batch}, {args.hidden} units, 1 layer, on {name}")
     print(f"{'cell':8s} {'T':>4s} {'lanes':>5s} {'reversible ms':>14s} {'ordinary ms':>12s} {'ratio':>6s} backend")
@@ -185,6 +200,33 @@ def main() -> None:
                           f"buffer loops {b['buffer_loops']:.1f}, other {b['other']:.1f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def report_batch_scaling(args: argparse.Namespace, device: torch.device) -> None:
+    """Print (and write as JSON) training tokens/s of both layers at every ``--batch-sizes`` size."""
+    name = _device_name(device)
+    first = args.batch_sizes[0]
+    print(f"training tokens/s (forward + backward), {args.hidden} units, 1 layer, on {name}; "
+          f"scaling from batch {first}")
+    print(f"{'cell':8s} {'T':>4s} {'batch':>5s} {'reversible tok/s':>17s} {'scaling':>8s} {'ordinary tok/s':>15s} "
+          f"{'scaling':>8s} {'ratio':>6s}")
+    cases = []
+    for cell in ("gru", "lstm"):
+        for steps in args.steps:
+            base = None
+            for batch in args.batch_sizes:
+                case = bench_case(cell, steps, batch, args.hidden, args.buffer_lanes[0], device, args.repeats,
+                                  args.backend)
+                base = base or case
+                case["reversible_scaling"] = case["reversible_tokens_per_s"] / base["reversible_tokens_per_s"]
+                case["ordinary_scaling"] = case["ordinary_tokens_per_s"] / base["ordinary_tokens_per_s"]
+                cases.append(case)
+                print(f"{case['cell']:8s} {steps:4d} {batch:5d} {case['reversible_tokens_per_s']:17,.0f} "
+                      f"{case['reversible_scaling']:7.1f}x {case['ordinary_tokens_per_s']:15,.0f} "
+                      f"{case['ordinary_scaling']:7.1f}x {case['ratio']:6.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"device": name, "hidden": args.hidden, "batch_sizes": args.batch_sizes,
+                                         "cases": cases}, indent=2) + "\n")
 
 
 def report_kernel_counts(device: torch.device, json_path: Path | None) -> None:

@@ -25,3 +25,16 @@ def test_small_run_writes_every_case(tmp_path):
         parts = case["breakdown_ms"]
         assert parts["matrix_products"] > 0 and parts["buffer_loops"] > 0 and parts["other"] > 0
         assert abs(parts["matrix_products"] + parts["buffer_loops"] + parts["other"] - parts["profiled_step"]) < 1e-6
+
+
+def test_batch_scaling_reports_tokens_per_second_at_every_size(tmp_path):
+    out = tmp_path / "scaling.json"
+    command = [sys.executable, str(REPO / "benchmarks/layers.py"), "--device", "cpu", "--batch-sizes", "1", "3",
+               "--hidden", "8", "--steps", "4", "--repeats", "1", "--json", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cases = json.loads(out.read_text())["cases"]
+    assert [(c["cell"], c["batch"]) for c in cases] == [("revgru", 1), ("revgru", 3), ("revlstm", 1), ("revlstm", 3)]
+    for case in cases:
+        assert case["reversible_tokens_per_s"] == 1000 * case["batch"] * 4 / case["reversible_ms"]
+    assert cases[0]["reversible_scaling"] == 1.0 and cases[1]["reversible_scaling"] > 0
