@@ -133,17 +133,17 @@ def per_token_memory(model: Seq2Seq, batches: list[Batch]) -> tuple[float, float
     return saved / tokens, held / tokens, peak
 
 
-def best_checkpoint_steps(cfg: ModelConfig, batches: list[Batch]) -> tuple[int | str, dict[str, float]]:
+def best_checkpoint_steps(cfg: ModelConfig,
+                          batches: list[Batch]) -> tuple[int | str, dict[str, tuple[float, float, int | None]]]:
     """The segment length among :data:`CHECKPOINT_CANDIDATES` whose checkpointed step keeps the fewest
-    bytes per target token for backward (saved by autograd plus held by the checkpoints), and that
-    figure for every candidate."""
-    kept = {}
+    bytes per target token for backward (saved by autograd plus held by the checkpoints), and every
+    candidate's :func:`per_token_memory`, by ``str(steps)``."""
+    measured = {}
     for steps in CHECKPOINT_CANDIDATES:
         model = build_model(comparison_configs(cfg, steps)["checkpointed"]).to(batches[0].src.device)
-        saved, held, _ = per_token_memory(model, batches)
-        kept[str(steps)] = saved + held
-    best = min(kept, key=kept.get)
-    return (best if best == "auto" else int(best)), kept
+        measured[str(steps)] = per_token_memory(model, batches)
+    best = min(measured, key=lambda k: measured[k][0] + measured[k][1])
+    return (best if best == "auto" else int(best)), measured
 
 
 def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
@@ -151,16 +151,19 @@ def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
     sides = analytic_bits(model, batches)
     device = batches[0].src.device
     steps, candidates = best_checkpoint_steps(model.cfg, batches)
-    models = {name: model if name == "reversible" else build_model(cfg).to(device)
-              for name, cfg in comparison_configs(model.cfg, steps).items()}
     saved, held, peaks = {}, {}, {}
-    for name, m in models.items():
+    for name, cfg in comparison_configs(model.cfg, steps).items():
+        if name == "checkpointed":  # measured already, as the best candidate
+            saved[name], held[name], peaks[name] = candidates[str(steps)]
+            continue
+        m = model if name == "reversible" else build_model(cfg).to(device)
         saved[name], held[name], peaks[name] = per_token_memory(m, batches)
     cuda = device.type == "cuda"
     return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),
             "model": {"saved_bytes_per_token": saved, "held_bytes_per_token": held,
                       "peak_bytes": peaks if cuda else None},
-            "checkpoint_steps": steps, "checkpoint_candidates": candidates,
+            "checkpoint_steps": steps,
+            "checkpoint_candidates": {k: kept[0] + kept[1] for k, kept in candidates.items()},
             "batches": len(batches), "target_tokens": sum(b.n_tokens for b in batches)}
 
 
