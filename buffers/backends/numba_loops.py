@@ -129,22 +129,39 @@ def pop_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarray
 _HIDDEN_SCALE = float(1 << HIDDEN_RADIX)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def forget_numerator(z: float, min_numerator: int) -> np.int64:
+    """``quantize_forget`` of one gate value: round(z·2^R_Z) (half to even, in float64), clamped to
+    [min_numerator, 2^R_Z]; NaN becomes min_numerator."""
+    q = np.rint(np.float64(z) * FORGET_ONE)
+    return np.int64(min_numerator) if not q >= min_numerator else (np.int64(FORGET_ONE) if q > FORGET_ONE
+                                                                   else np.int64(q))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def fixed_term(u: float) -> tuple[np.int64, bool]:
+    """``to_fixed`` of one additive term (half to even, in float64), and whether it left the int32 range
+    (then 0, as the tensor backend adds nothing there)."""
+    v = np.rint(np.float64(u) * _HIDDEN_SCALE)
+    if not abs(v + 0.5) <= INT32_MAX + 0.5:  # "not <=" so that NaN counts as out of range
+        return np.int64(0), True
+    return np.int64(v), False
+
+
 @njit(cache=True, nogil=True)
 def _update_terms(z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, min_numerator: int, zq: np.ndarray,
                   ui: np.ndarray) -> int:
     """``quantize_forget(z)`` and ``to_fixed(u) · mask`` of :mod:`buffers.fixed`, element by element
-    with the same rounding (half to even, in float64) and clamps."""
+    with the same rounding and clamps."""
     status = OK
     rows, width = z.shape
     for b in range(rows):
         for j in range(width):
-            q = np.rint(np.float64(z[b, j]) * FORGET_ONE)
-            zq[b, j] = min_numerator if not q >= min_numerator else (FORGET_ONE if q > FORGET_ONE else np.int64(q))
-            v = np.rint(np.float64(u[b, j]) * _HIDDEN_SCALE)
-            if not abs(v + 0.5) <= INT32_MAX + 0.5:  # "not <=" so that NaN counts as out of range
+            zq[b, j] = forget_numerator(z[b, j], min_numerator)
+            v, bad = fixed_term(u[b, j])
+            if bad:
                 status = TERM_OVERFLOW
-                v = 0.0
-            ui[b, j] = np.int64(v) if rows_mask[b] else 0
+            ui[b, j] = v if rows_mask[b] else 0
     return status
 
 
@@ -164,17 +181,16 @@ def _buffered(a: np.ndarray, stored: int, lane_rows: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
-                stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int,
-                min_numerator: int, out: np.ndarray) -> tuple[int, float]:
-    """h ← z·h + u on rows where ``rows_mask``: z and u as floats, quantized and rounded here; the first
-    ``stored`` columns take the plain floor product (kept exactly elsewhere), the rest go through
-    the buffer (:func:`push_group`, folded as ``curr`` [rows or 1, lanes] says). Returns (status,
-    bits destroyed)."""
+def push_terms(h: np.ndarray, zq: np.ndarray, ui: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
+               stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int,
+               out: np.ndarray) -> tuple[int, float]:
+    """h ← z*·h/2^R_Z + u on rows where ``rows_mask``, from integer terms: numerators ``zq`` (checked) and
+    fixed-point ``ui`` (0 on padded rows). The first ``stored`` columns take the plain floor product
+    (kept exactly elsewhere), the rest go through the buffer (:func:`push_group`, folded as ``curr``
+    [rows or 1, lanes] says). Returns (status, bits destroyed). The fused RNN steps of
+    :mod:`revnmt.rnn.kernels` call this after computing the terms from their gates."""
     rows, width = h.shape
-    zq = np.empty((rows, width), np.int64)
-    ui = np.empty((rows, width), np.int64)
-    status = _update_terms(z, u, rows_mask, min_numerator, zq, ui)
+    status = OK
     for b in range(rows):
         for j in range(stored):
             hv = np.int64(h[b, j])
@@ -199,15 +215,12 @@ def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarr
 
 
 @njit(cache=True, nogil=True)
-def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
-               stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, min_numerator: int,
-               out: np.ndarray) -> int:
-    """The inverse of :func:`push_update` for the buffered columns; the first ``stored`` columns of
-    ``out`` get h − u, for the caller to replace with the stored values."""
+def pop_terms(h: np.ndarray, zq: np.ndarray, ui: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
+              stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, out: np.ndarray) -> int:
+    """The inverse of :func:`push_terms` for the buffered columns; the first ``stored`` columns of
+    ``out`` get h − u, for the caller to replace with the stored values. Returns the status."""
     rows, width = h.shape
-    zq = np.empty((rows, width), np.int64)
-    ui = np.empty((rows, width), np.int64)
-    status = _update_terms(z, u, rows_mask, min_numerator, zq, ui)
+    status = OK
     before = np.empty((rows, width), np.int32)
     for b in range(rows):
         for j in range(width):
@@ -229,6 +242,30 @@ def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarra
     return status
 
 
+@njit(cache=True, nogil=True)
+def push_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
+                stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, word_limit: int,
+                min_numerator: int, out: np.ndarray) -> tuple[int, float]:
+    """h ← z·h + u on rows where ``rows_mask``: z and u as floats, quantized and rounded here, then
+    :func:`push_terms`. Returns (status, bits destroyed)."""
+    zq = np.empty(h.shape, np.int64)
+    ui = np.empty(h.shape, np.int64)
+    status = _update_terms(z, u, rows_mask, min_numerator, zq, ui)
+    pushed, lost = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, word_limit, out)
+    return max(status, pushed), lost
+
+
+@njit(cache=True, nogil=True)
+def pop_update(h: np.ndarray, z: np.ndarray, u: np.ndarray, rows_mask: np.ndarray, stored: int, curr: np.ndarray,
+               stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, min_numerator: int,
+               out: np.ndarray) -> int:
+    """The inverse of :func:`push_update` for the buffered columns (see :func:`pop_terms`)."""
+    zq = np.empty(h.shape, np.int64)
+    ui = np.empty(h.shape, np.int64)
+    status = _update_terms(z, u, rows_mask, min_numerator, zq, ui)
+    return max(status, pop_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, out))
+
+
 # ---------------------------------------------------------------------------- the backend
 
 
@@ -239,31 +276,31 @@ class NumbaBackend(BufferBackend):
 
     def push_mul(self, words, h, zl, active, first_flag):
         out = torch.empty_like(h)
-        lost = push_group(h.numpy(), zl.numpy(), _active_array(h, active), *_words(words), first_flag, WORD_LIMIT,
+        lost = push_group(h.numpy(), zl.numpy(), _active_array(h, active), *word_arrays(words), first_flag, WORD_LIMIT,
                           out.numpy())
         return out, lost
 
     def pop_div(self, words, h, zl, active, first_flag):
         out = torch.empty_like(h)
-        words.record_code(pop_group(h.numpy(), zl.numpy(), _active_array(h, active), *_words(words), first_flag,
+        words.record_code(pop_group(h.numpy(), zl.numpy(), _active_array(h, active), *word_arrays(words), first_flag,
                                     out.numpy()))
         return out
 
     def push_update(self, words, h, z, u, mask, stored, first_flag):
         out = torch.empty_like(h)
         status, lost = push_update(h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored,
-                                   *_words(words), first_flag, WORD_LIMIT, words.min_numerator, out.numpy())
+                                   *word_arrays(words), first_flag, WORD_LIMIT, words.min_numerator, out.numpy())
         words.record_code(status)
         return out, lost
 
     def pop_update(self, words, h, z, u, mask, stored, first_flag):
         out = torch.empty_like(h)
         words.record_code(pop_update(h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored,
-                                     *_words(words), first_flag, words.min_numerator, out.numpy()))
+                                     *word_arrays(words), first_flag, words.min_numerator, out.numpy()))
         return out
 
 
-def _words(words: WordStack) -> tuple[np.ndarray, ...]:
+def word_arrays(words: WordStack) -> tuple[np.ndarray, ...]:
     """The arrays the loops update in place: live words, stack, height, flags."""
     return words.curr.numpy(), words.stack.numpy(), words.top.numpy(), words.flags.numpy()
 

@@ -40,6 +40,8 @@ from buffers import (
     to_float,
 )
 
+from .kernels import StepKernels, step_kernels
+
 
 def _grad_of(param: nn.Parameter) -> torch.Tensor:
     """``param.grad``, created as zeros on first use: the backward sweep accumulates into it by hand."""
@@ -179,35 +181,112 @@ class RevCell(nn.Module):
         n = 0 if restore is None else self._stored(i, restore.shape[1])
         return restore[:, i * self.half: i * self.half + n] if n else None
 
-    def _backward_recurrent(self, lin: nn.Linear, grad_pre: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """Backpropagate :meth:`_recurrent`: accumulate ``lin``'s recurrent weight gradient and return
-        d loss / d h. (The input columns and the bias are :meth:`project_backward`'s.)"""
-        _grad_of(lin.weight)[:, self.input_size:].addmm_(grad_pre.t(), h)
-        return torch.mm(grad_pre, lin.weight[:, self.input_size:])
+    def _recurrent_weight(self, lin: nn.Linear) -> torch.Tensor:
+        """The recurrent columns of ``lin``'s weight, [out, half] (a view)."""
+        return lin.weight[:, self.input_size:]
 
     @torch.no_grad()
     def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
-                     mask: torch.Tensor, restore: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     mask: torch.Tensor, restore: torch.Tensor | None = None,
+                     weights: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
         ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
         d loss / d previous state and d loss / d ``p``; recurrent weight gradients accumulate in
-        ``.grad``. The gates that decode the buffer are computed once and differentiated by hand
-        (the derivative of :meth:`_Group.surrogate` through the gates, what ``forward_diff`` gives
-        autograd): a per-step autograd graph cost more than the step's arithmetic. Half 2 is undone
-        first, from the new h1; its gradient on h1 joins ``grad`` before half 1 is backpropagated.
+        ``.grad`` (through ``weights``, a chunk of steps per product, else at once). The gates that
+        decode the buffer are computed once and differentiated by hand (the derivative of
+        :meth:`_Group.surrogate` through the gates, what ``forward_diff`` gives autograd): a per-step
+        autograd graph cost more than the step's arithmetic. Half 2 is undone first, from the new
+        h1; its gradient on h1 joins ``grad`` before half 1 is backpropagated. It is
+        :meth:`reverse_int` and :meth:`backward_step` in one pass, with the gates computed once.
         """
-        ints, grads = self._split(state), list(grad.split(self.half, 1))
-        grp = self._group(buf, mask, None)
-        # Each half writes its gate gradients into its columns of one tensor: concatenating them
-        # would double the step's largest temporaries (memory accounting counts this working set).
-        grad_p = torch.empty_like(p)
+        return self._reverse(p, state, buf, mask, restore, None, grad, weights, buf.backend.name)
+
+    @torch.no_grad()
+    def reverse_int(self, p: torch.Tensor, state: torch.Tensor, buf: InformationBuffer, mask: torch.Tensor,
+                    restore: torch.Tensor | None = None) -> torch.Tensor:
+        """Undo the step that produced ``state``: pop the buffer to the exact previous int state, no gradients."""
+        return self._reverse(p, state, buf, mask, restore, None, None, None, buf.backend.name)[0]
+
+    @torch.no_grad()
+    def backward_step(self, p: torch.Tensor, prev: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
+                      mask: torch.Tensor, backend: str = "torch", weights: RecurrentGrads | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backpropagate the step ``prev`` → ``state`` (both exact int states; no buffer): returns
+        d loss / d ``prev`` and d loss / d ``p`` from ``grad`` = d loss / d ``state``, recurrent weight
+        gradients accumulating as in :meth:`reverse_diff`. ``backend`` (a resolved buffer backend name,
+        ``buf.backend.name``) picks the gate code, so that the gradients are those of :meth:`reverse_diff`."""
+        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, backend)
+        return grad_prev, grad_p
+
+    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, backend):
+        """The reverse step: pop (``prev`` None) or take ``prev``, and backpropagate (``grad`` given)."""
+        kernels = step_kernels(backend)
+        ints = self._split(state)
+        prevs = None if prev is None else self._split(prev)
+        grads = None if grad is None else list(grad.clone().split(self.half, 1))
+        own = grads is not None and weights is None
+        if own:
+            weights = RecurrentGrads(self, p.shape[0], 1, p.device)
+        slot = None if grads is None else weights.next_step()
         for i in (1, 0):
-            grad_read = self._reverse_half(i, p, to_float(ints[1 - i]), ints, grads, grp,
-                                           self._restore(i, restore), self._half_projection(grad_p, i))
-            grads[1 - i] = grads[1 - i] + grad_read
-        return torch.cat(ints, 1), torch.cat(grads, 1), grad_p
+            if kernels is None:
+                self._reverse_half(i, p, ints, grads, self._group(buf, mask, None), self._restore(i, restore),
+                                   prevs, slot)
+            else:
+                self._reverse_half_fused(kernels, i, p, ints, grads, buf, mask, self._restore(i, restore), prevs,
+                                         slot)
+        if grads is None:
+            return torch.cat(ints, 1), None, None
+        weights.step_done()
+        return torch.cat(ints, 1), torch.cat(grads, 1), slot[0]
+
+
+class RecurrentGrads:
+    """The recurrent weight gradients of a cell's reverse steps, a chunk of steps per product.
+
+    Per step and Linear, the weight gradient is grad_pre^T · input (input = h_j, or r·h_j for RevGRU's
+    g): a [gates, B] x [B, half] product per step is small and slow. The steps' pre-activation
+    gradients (which are also d loss / d projection) and inputs are written into slots of two
+    [steps, B, ...] tensors instead, and every ``steps`` steps (and at :meth:`flush`) each weight gets
+    one product over all of them, as layer 0's input projections do. Held memory: :meth:`held_bytes`.
+    """
+
+    def __init__(self, cell: RevCell, batch: int, steps: int, device: torch.device) -> None:
+        self.cell, self.steps, self.count = cell, steps, 0
+        linears = cell._linears()
+        self.grad_pre = torch.empty(steps, batch, cell.project_width, device=device)
+        self.inputs = torch.empty(steps, batch, len(linears) * cell.half, device=device)
+
+    @staticmethod
+    def held_bytes(cell: RevCell, batch: int, steps: int) -> int:
+        """Bytes of the two chunk tensors (memory accounting)."""
+        return steps * batch * (cell.project_width + len(cell._linears()) * cell.half) * 4
+
+    def next_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next step's slots: d loss / d projection [B, gate columns] and the recurrent inputs
+        [B, linears·half], one ``half`` block per Linear in :meth:`RevCell._linears` order."""
+        return self.grad_pre[self.count], self.inputs[self.count]
+
+    def step_done(self) -> None:
+        """The slots of :meth:`next_step` are filled; a full chunk goes to the weights."""
+        self.count += 1
+        if self.count == self.steps:
+            self.flush()
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Accumulate the collected steps into the recurrent weights' ``.grad``."""
+        if not self.count:
+            return
+        cell, n = self.cell, self.count
+        start = 0
+        for k, lin in enumerate(cell._linears()):
+            g = self.grad_pre[:n, :, start: start + lin.out_features].reshape(-1, lin.out_features)
+            x = self.inputs[:n, :, k * cell.half: (k + 1) * cell.half].reshape(-1, cell.half)
+            _grad_of(lin.weight)[:, cell.input_size:].addmm_(g.t(), x)
+            start += lin.out_features
+        self.count = 0
 
 
 class RevGRUCell(RevCell):
@@ -238,26 +317,73 @@ class RevGRUCell(RevCell):
         return self._terms(self._activations(i, p, other))
 
     def forward_int(self, p, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
+        kernels = None if buf is None else step_kernels(buf.backend.name)
+        if kernels is not None:
+            return self._forward_fused(kernels, p, state, buf, mask, stored)
         h = self._split(state)
         grp = self._group(buf, mask, guard)
         for i in (0, 1):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def _reverse_half(self, i, p, read, ints, grads, grp, restore, grad_pre):
-        """Pop h_i in ``ints`` back to its previous value, turn ``grads[i]`` into its gradient, write
-        d loss / d half i's projection into ``grad_pre`` and return d loss / d ``read`` (h_j)."""
+    def _forward_fused(self, kernels: StepKernels, p, state, buf, mask, stored) -> torch.Tensor:
+        """:meth:`forward_int` with a buffer, by fused kernels: per half the z, r product, the gates
+        kernel, the g product and the update kernel (which also makes the float copy the next half reads)."""
+        h, out = self._split(state), torch.empty_like(state)
+        read = to_float(h[1])
+        for i, new in zip((0, 1), self._split(out)):
+            p_zr, p_g = self._half_projection(p, i).split([2 * self.half, self.half], 1)
+            rh = torch.empty_like(read)
+            s = kernels.gru_gates(torch.mm(read, self._recurrent_weight(self.zr[i]).t()), p_zr, read, rh)
+            read = kernels.gru_push(buf, h[i], torch.mm(rh, self._recurrent_weight(self.g[i]).t()), p_g, s, mask,
+                                    self._stored(i, stored), self.max_forget_bits, new)
+        return out
+
+    def _reverse_half(self, i, p, ints, grads, grp, restore, prevs, slot):
+        """Pop h_i in ``ints`` back to its previous value (or take it from ``prevs``); with ``grads``,
+        turn ``grads[i]`` into its gradient, add d loss / d h_j into ``grads[1 - i]`` and fill the
+        step's slots (:meth:`RecurrentGrads.next_step`) with half i's gate gradients and inputs."""
+        read = to_float(ints[1 - i])
         acts = self._activations(i, p, read)
         sz, r, rh, g = acts
         z, u = self._terms(acts)
-        ints[i] = grp.pop(ints[i], z, u, restore)
+        ints[i] = grp.pop(ints[i], z, u, restore) if prevs is None else prevs[i]
+        if grads is None:
+            return
+        grad_pre, (read_slot, rh_slot) = self._half_projection(slot[0], i), slot[1].chunk(4, 1)[2 * i: 2 * i + 2]
+        read_slot.copy_(read)
+        rh_slot.copy_(rh)
         grads[i], grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
         grad_pre_z, grad_pre_r, grad_pre_g = grad_pre.split(self.half, 1)
         torch.mul(grad_u * (1 - z), 1 - g * g, out=grad_pre_g)
-        grad_rh = self._backward_recurrent(self.g[i], grad_pre_g, rh)
+        grad_rh = torch.mm(grad_pre_g, self._recurrent_weight(self.g[i]))
         torch.mul((grad_z - grad_u * g) * self._slope * sz, 1 - sz, out=grad_pre_z)
         torch.mul(grad_rh * read * r, 1 - r, out=grad_pre_r)
-        return self._backward_recurrent(self.zr[i], grad_pre[:, : 2 * self.half], read) + grad_rh * r
+        grads[1 - i] = (grads[1 - i] + torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))
+                        + grad_rh * r)
+
+    def _reverse_half_fused(self, kernels: StepKernels, i, p, ints, grads, buf, mask, restore, prevs, slot):
+        """:meth:`_reverse_half` by fused kernels (``grads[1 - i]`` updated in place)."""
+        read = to_float(ints[1 - i])
+        rh = torch.empty_like(read)
+        w_zr, w_g = self._recurrent_weight(self.zr[i]), self._recurrent_weight(self.g[i])
+        p_zr, p_g = self._half_projection(p, i).split([2 * self.half, self.half], 1)
+        s = kernels.gru_gates(torch.mm(read, w_zr.t()), p_zr, read, rh)
+        pre_g = torch.mm(rh, w_g.t())
+        prev = None if prevs is None else prevs[i]
+        if grads is None:
+            ints[i] = kernels.gru_reverse(buf, ints[i], pre_g, p_g, s, mask, self.max_forget_bits, restore, prev,
+                                          None, None, None)
+            return
+        grad_pre = self._half_projection(slot[0], i)
+        grad_z, grad_r, grad_g = grad_pre.split(self.half, 1)
+        ints[i] = kernels.gru_reverse(buf, ints[i], pre_g, p_g, s, mask, self.max_forget_bits, restore, prev,
+                                      grads[i], grad_z, grad_g)
+        kernels.gru_read_grad(torch.mm(grad_g, w_g), read, s, grad_r, grads[1 - i])
+        grads[1 - i].addmm_(grad_pre[:, : 2 * self.half], w_zr)
+        read_slot, rh_slot = slot[1].chunk(4, 1)[2 * i: 2 * i + 2]
+        read_slot.copy_(read)
+        rh_slot.copy_(rh)
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -299,6 +425,9 @@ class RevLSTMCell(RevCell):
         return self._terms(self._activations(i, proj, other))
 
     def forward_int(self, proj, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
+        kernels = None if buf is None else step_kernels(buf.backend.name)
+        if kernels is not None:
+            return self._forward_fused(kernels, proj, state, buf, mask, stored)
         h1, h2, c1, c2 = self._split(state)
         h, c = [h1, h2], [c1, c2]
         grp = self._group(buf, mask, guard)
@@ -308,16 +437,35 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def _reverse_half(self, i, proj, read, ints, grads, grp, restore, grad_pre):
+    def _forward_fused(self, kernels: StepKernels, proj, state, buf, mask, stored) -> torch.Tensor:
+        """:meth:`forward_int` with a buffer, by fused kernels: per half one product and one kernel."""
+        ints, out = self._split(state), torch.empty_like(state)
+        new = self._split(out)
+        read = to_float(ints[1])
+        for i in (0, 1):
+            pre = torch.mm(read, self._recurrent_weight(self.gates[i]).t())
+            read = kernels.lstm_push(buf, ints[i], ints[2 + i], pre, self._half_projection(proj, i), mask,
+                                     self._stored(i, stored), self.max_forget_bits, new[i], new[2 + i])
+        return out
+
+    def _reverse_half(self, i, proj, ints, grads, grp, restore, prevs, slot):
         """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) and turn their gradients
         into the previous values'; see RevGRUCell."""
         h, c = i, 2 + i
+        read = to_float(ints[1 - i])
         acts = self._activations(i, proj, read)
         sf, g, ig, o, sp = acts
         f, u_c, _, p = self._terms(acts)
         tc = torch.tanh(to_float(ints[c]))  # of the new cell, which the new h_i was made from
-        ints[h] = grp.pop(ints[h], p, o * tc, restore)
-        ints[c] = grp.pop(ints[c], f, u_c)
+        if prevs is None:
+            ints[h] = grp.pop(ints[h], p, o * tc, restore)
+            ints[c] = grp.pop(ints[c], f, u_c)
+        else:
+            ints[h], ints[c] = prevs[h], prevs[c]
+        if grads is None:
+            return
+        slot[1].chunk(2, 1)[i].copy_(read)
+        grad_pre = self._half_projection(slot[0], i)
         grads[h], grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
         grads[c], grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
         out_f, out_g, out_i, out_o, out_p = grad_pre.chunk(5, 1)
@@ -326,7 +474,22 @@ class RevLSTMCell(RevCell):
         torch.mul(grad_uc * g * ig, 1 - ig, out=out_i)
         torch.mul(grad_uh * tc * o, 1 - o, out=out_o)
         torch.mul(grad_p * self._slope * sp, 1 - sp, out=out_p)
-        return self._backward_recurrent(self.gates[i], grad_pre, read)
+        grads[1 - i] = grads[1 - i] + torch.mm(grad_pre, self._recurrent_weight(self.gates[i]))
+
+    def _reverse_half_fused(self, kernels: StepKernels, i, proj, ints, grads, buf, mask, restore, prevs, slot):
+        """:meth:`_reverse_half` by one product and one fused kernel (``grads`` updated in place)."""
+        h, c = i, 2 + i
+        read = to_float(ints[1 - i])
+        w = self._recurrent_weight(self.gates[i])
+        prev = None if prevs is None else (prevs[h], prevs[c])
+        grad = None if grads is None else (grads[h], grads[c])
+        grad_pre = None if grads is None else self._half_projection(slot[0], i)
+        ints[h], ints[c] = kernels.lstm_reverse(buf, ints[h], ints[c], torch.mm(read, w.t()),
+                                                self._half_projection(proj, i), mask, self.max_forget_bits, restore,
+                                                prev, grad, grad_pre)
+        if grads is not None:
+            grads[1 - i].addmm_(grad_pre, w)
+            slot[1].chunk(2, 1)[i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

@@ -33,7 +33,7 @@ from torch import nn
 
 from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, backends, to_float
 
-from .cells import REV_CELLS, RevCell
+from .cells import REV_CELLS, RecurrentGrads, RevCell
 
 #: Layer 0's input projections are computed this many steps per matrix product (see InputProjection). Longer
 #: chunks are faster, but a chunk is held memory, steps x batch x gate columns floats, a cost per sentence that short
@@ -46,6 +46,11 @@ PROJECTION_STEPS = 2
 #: lane study is in docs/performance.md). The torch backend loops over a half's ⌈(H/2) / lanes⌉ chunks,
 #: each a few kernel launches, and the Triton kernel over the same chunks inside one program, so there
 #: more lanes are faster.
+#: Reverse steps whose recurrent weight gradients are collected per product (see RecurrentGrads). A chunk is
+#: held memory, steps x batch x (gate columns + inputs) floats per layer; docs/performance.md has the
+#: measurements behind the choice.
+WEIGHT_GRAD_STEPS = 8
+
 DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
 
 
@@ -229,9 +234,11 @@ class ReversibleRNN(nn.Module):
 
     def work_bytes(self, batch: int) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
-        one chunk of layer 0's input projections and one reverse step's temporaries."""
-        return InputProjection.held_bytes(self.cells[0], batch) + max(cell.reverse_work_bytes(batch)
-                                                                      for cell in self.cells)
+        one chunk of layer 0's input projections, every layer's chunk of recurrent weight gradients
+        and one reverse step's temporaries."""
+        return (InputProjection.held_bytes(self.cells[0], batch)
+                + sum(RecurrentGrads.held_bytes(cell, batch, WEIGHT_GRAD_STEPS) for cell in self.cells)
+                + max(cell.reverse_work_bytes(batch) for cell in self.cells))
 
     def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
         """Integer zeros for every layer."""
@@ -368,6 +375,7 @@ class ReversibleRNN(nn.Module):
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
         projection = InputProjection(self.cells[0], inputs)
+        weights = [RecurrentGrads(cell, batch, min(WEIGHT_GRAD_STEPS, steps), tape.mask.device) for cell in self.cells]
         for t in reversed(range(steps)):
             if output_grad is not None:
                 g_out = output_grad(t, self.cells[top].output(states[top]))
@@ -382,7 +390,7 @@ class ReversibleRNN(nn.Module):
                     restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
                 p, x = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
                 prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
-                                                               tape.mask[t], restore)
+                                                               tape.mask[t], restore, weights[layer])
                 # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
                 if layer == 0:
                     projection.backward(t, p_grad)
@@ -390,6 +398,8 @@ class ReversibleRNN(nn.Module):
                     below = cell.project_backward(x, p_grad)
                     grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, tape.dropout)
                 states[layer] = prev
+        for chunk in weights:
+            chunk.flush()
         return grads
 
     def _check_exact(self, tape: Tape) -> None:

@@ -1,0 +1,93 @@
+"""Fused half-steps of the reversible cells: the seam where a compiled implementation replaces the
+torch reference.
+
+A half-step of a cell is a few matrix products and, between and after them, elementwise work: the
+gate activations, the forget restriction and quantization, the rounded additive term, the buffer
+push (or pop), the integer add, range checks, the float copy of the new half and, in the reverse,
+the hand-written derivative. Written as torch ops (``revnmt.rnn.cells``, the readable reference)
+that is some thirty small ops per half; a :class:`StepKernels` does each elementwise stretch in one
+call. The family is chosen by the buffer backend (the ``buffer_backend`` argument, resolved once
+when the buffer is made): :func:`step_kernels` maps a resolved backend name to its kernels, or to
+``None`` for the torch reference. A Triton family would implement the same interface on CUDA
+tensors and be registered there.
+
+Exactness: the reverse recomputes the forward's gates to decode the buffer, so both sweeps must
+compute every gate with the same code on the same device. An implementation therefore computes
+the gates of its forward and reverse kernels with one shared function; it may differ from the
+torch reference in the last ulp (then its states differ too, but it reverses itself exactly).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from buffers import InformationBuffer
+
+
+class StepKernels(ABC):
+    """Elementwise kernels of one half-step, on tensors of one device (``B`` rows, ``H`` = half units).
+
+    Conventions: ``pre*`` are recurrent products (float [B, k·H]) and ``p*`` the matching columns of
+    the input projection, which the kernels add; ``max_bits`` is the forget limit
+    (``buffers.restrict_forget``, ``quantize_forget``); ``mask`` bool [B] marks live rows. Pushes and pops go through
+    ``buf`` as :meth:`InformationBuffer.push_update` would, in the same order (RevLSTM: c then h).
+    In the reverse kernels ``prev=None`` pops the previous half from ``buf`` (and writes ``restore``,
+    the stored columns' previous values, over its first columns), while a given ``prev`` is taken as
+    the exact previous half and nothing is popped; ``grad=None`` skips the derivative, otherwise
+    ``grad`` (d loss / d new half, updated in place into d loss / d previous half) is backpropagated
+    into the pre-activation gradients.
+    """
+
+    name: str
+
+    @abstractmethod
+    def gru_gates(self, pre_zr: torch.Tensor, p_zr: torch.Tensor, read: torch.Tensor,
+                  rh: torch.Tensor) -> torch.Tensor:
+        """σ of [z | r] (z before its limit), returned [B, 2H], and r·h_j written into ``rh``."""
+
+    @abstractmethod
+    def gru_push(self, buf: InformationBuffer, h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor,
+                 s: torch.Tensor, mask: torch.Tensor, stored: int, max_bits: int | None,
+                 out: torch.Tensor) -> torch.Tensor:
+        """h ← z·h + (1 − z)·tanh(pre_g + p_g) into ``out`` (int32), its first ``stored`` columns
+        unbuffered; returns the float copy of the new half."""
+
+    @abstractmethod
+    def gru_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor,
+                    s: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
+                    prev: torch.Tensor | None, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
+                    grad_g: torch.Tensor | None) -> torch.Tensor:
+        """Undo :meth:`gru_push` (see the class docstring) and return the previous half (int32); with
+        ``grad``, write d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
+
+    @abstractmethod
+    def gru_read_grad(self, grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
+                      grad_read: torch.Tensor) -> None:
+        """From d loss / d (r·h_j): write d loss / d pre-activation of r into ``grad_r`` and add the
+        direct part r·grad_rh into ``grad_read`` (d loss / d h_j)."""
+
+    @abstractmethod
+    def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
+                  proj: torch.Tensor, mask: torch.Tensor, stored: int, max_bits: int | None, out_h: torch.Tensor,
+                  out_c: torch.Tensor) -> torch.Tensor:
+        """c ← f·c + i·g, then h ← p·h + o·tanh(new c), into ``out_c``, ``out_h``; returns the float new h."""
+
+    @abstractmethod
+    def lstm_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
+                     proj: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
+                     prev: tuple[torch.Tensor, torch.Tensor] | None,
+                     grad: tuple[torch.Tensor, torch.Tensor] | None,
+                     grad_pre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Undo :meth:`lstm_push` (h popped, then c) and return the previous (h, c); with ``grad``
+        (d loss / d new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre``."""
+
+
+def step_kernels(backend: str) -> StepKernels | None:
+    """The fused kernels of a resolved buffer backend name, or ``None``: the cells' torch reference."""
+    if backend == "numba":
+        from .numba_steps import NUMBA_STEPS  # numba compiles on first use: imported on demand
+
+        return NUMBA_STEPS
+    return None

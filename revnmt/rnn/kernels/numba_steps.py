@@ -1,0 +1,393 @@
+"""The fused half-steps as compiled CPU loops (numba), one call per elementwise stretch.
+
+On a CPU a reversible step was mostly dispatch: about thirty small torch ops per half-step around
+the products, each a pass over a [B, H] tensor and a trip through the dispatcher. Here each stretch
+between two products is one loop over the batch that keeps its temporaries in registers: RevGRU's
+half is product, :func:`gru_gates`, product, :func:`gru_push` (in the reverse, :func:`gru_reverse`
+and, after the g product's backward, :func:`gru_read_grad`); RevLSTM's is one product and
+:func:`lstm_push` or :func:`lstm_reverse`. The integer part (quantize z, round u, push or pop the
+buffer, add, range checks) is the buffer's own code, :func:`buffers.backends.numba_loops.push_terms`
+and :func:`~buffers.backends.numba_loops.pop_terms`, so the words are those of the numba buffer.
+
+Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
+forward's bit for bit. Both kernels take their gates from the same inlined helpers
+(:func:`_gru_terms`, :func:`_lstm_gates`), in float32, with fastmath off (no reassociation, no
+contraction into fused multiply-adds) and no vectorized math library, so that ``exp`` and ``tanh``
+are the same scalar libm calls wherever they are inlined. (numba vectorizes a transcendental only
+through Intel SVML, see :func:`svml_in_use`; the tests check the forward and reverse gates agree.)
+The gates are not those of the torch reference to the last ulp, so the numba backend's states are
+its own; its reverse is exact all the same.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from numba import njit
+
+from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms, push_terms, word_arrays
+from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
+from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT, WordStack
+
+from . import StepKernels
+
+# The error model "numpy" drops the division-by-zero checks of Python semantics (a float division by
+# zero is inf, as in torch); fastmath stays off, see the module docstring.
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+
+_ONE = np.float32(1.0)
+_TO_FLOAT = np.float32(2.0 ** -HIDDEN_RADIX)  # to_float: int32 → float32 (rounded), times an exact power of two
+_PER_NUMERATOR = np.float32(1.0 / FORGET_ONE)
+
+
+def svml_in_use() -> bool:
+    """Whether numba vectorizes math through Intel SVML (then exp/tanh could round differently in
+    two kernels); the fused kernels need it off."""
+    return bool(numba.config.USING_SVML)
+
+
+# ---------------------------------------------------------------------------- shared elementwise helpers
+
+
+@njit(inline="always", **_JIT)
+def _sigmoid(x: np.float32) -> np.float32:
+    return _ONE / (_ONE + np.exp(-x))
+
+
+@njit(inline="always", **_JIT)
+def _to_float(v: np.int32) -> np.float32:
+    return np.float32(v) * _TO_FLOAT
+
+
+@njit(inline="always", **_JIT)
+def _restrict(s: np.float32, slope: np.float32) -> np.float32:
+    """``buffers.restrict_forget``: σ mapped into [2^-k, 1]."""
+    return slope * s + (_ONE - slope)
+
+
+@njit(inline="always", **_JIT)
+def _gru_terms(sz: np.float32, a_g: np.float32, slope: np.float32) -> tuple[np.float32, np.float32, np.float32]:
+    """(z, u, g) of RevGRU from σ(z's pre-activation) and g's pre-activation: z limited, u = (1 − z)·g."""
+    g = np.tanh(a_g)
+    z = _restrict(sz, slope)
+    return z, (_ONE - z) * g, g
+
+
+@njit(inline="always", **_JIT)
+def _lstm_gates(pre: np.ndarray, proj: np.ndarray, b: int, j: int, half: int
+                ) -> tuple[np.float32, np.float32, np.float32, np.float32, np.float32]:
+    """σ(f), tanh(g), σ(i), σ(o), σ(p) of RevLSTM's unit j (columns [f | g | i | o | p], each ``half``)."""
+    return (_sigmoid(pre[b, j] + proj[b, j]), np.tanh(pre[b, half + j] + proj[b, half + j]),
+            _sigmoid(pre[b, 2 * half + j] + proj[b, 2 * half + j]),
+            _sigmoid(pre[b, 3 * half + j] + proj[b, 3 * half + j]),
+            _sigmoid(pre[b, 4 * half + j] + proj[b, 4 * half + j]))
+
+
+@njit(inline="always", **_JIT)
+def _set_terms(zq: np.ndarray, ui: np.ndarray, b: int, j: int, z: np.float32, u: np.float32, live: bool,
+               min_numerator: int) -> bool:
+    """Write z's numerator and u's fixed-point value (0 on a padded row); True if u left the int32 range."""
+    zq[b, j] = forget_numerator(z, min_numerator)
+    v, bad = fixed_term(u)
+    ui[b, j] = v if live else 0
+    return bad
+
+
+@njit(inline="always", **_JIT)
+def _backward_update(grad: np.float32, zq: np.int64, live: bool) -> tuple[np.float32, np.float32]:
+    """The derivative of where(live, z*·h + u, h): (d loss / d previous h, d loss / d u); d loss / d z*
+    is the second times the previous h."""
+    if live:
+        return grad * (np.float32(zq) * _PER_NUMERATOR), grad
+    return grad, np.float32(0.0)
+
+
+@njit(**_JIT)
+def _write_float(ints: np.ndarray, out: np.ndarray) -> None:
+    for b in range(ints.shape[0]):
+        for j in range(ints.shape[1]):
+            out[b, j] = _to_float(ints[b, j])
+
+
+# ---------------------------------------------------------------------------- RevGRU
+
+
+@njit(**_JIT)
+def gru_gates(pre_zr: np.ndarray, p_zr: np.ndarray, read: np.ndarray, s: np.ndarray, rh: np.ndarray) -> None:
+    """s = σ(pre_zr + p_zr) ([z | r]) and rh = r·read, the input of g's product."""
+    rows, half = read.shape
+    for b in range(rows):
+        for j in range(2 * half):
+            s[b, j] = _sigmoid(pre_zr[b, j] + p_zr[b, j])
+        for j in range(half):
+            rh[b, j] = s[b, half + j] * read[b, j]
+
+
+@njit(**_JIT)
+def gru_push(h: np.ndarray, pre_g: np.ndarray, p_g: np.ndarray, s: np.ndarray, rows_mask: np.ndarray, stored: int,
+             slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
+             flags: np.ndarray, first_flag: int, word_limit: int, out: np.ndarray,
+             out_float: np.ndarray) -> tuple[int, float]:
+    """RevGRU's half update into ``out`` and ``out_float``; returns (status, bits destroyed)."""
+    rows, half = h.shape
+    zq = np.empty((rows, half), np.int64)
+    ui = np.empty((rows, half), np.int64)
+    status = OK
+    for b in range(rows):
+        for j in range(half):
+            z, u, _ = _gru_terms(s[b, j], pre_g[b, j] + p_g[b, j], slope)
+            if _set_terms(zq, ui, b, j, z, u, rows_mask[b], min_numerator):
+                status = TERM_OVERFLOW
+    pushed, lost = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, word_limit, out)
+    _write_float(out, out_float)
+    return max(status, pushed), lost
+
+
+@njit(**_JIT)
+def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p_g: np.ndarray, s: np.ndarray, rows_mask: np.ndarray,
+                slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
+                stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, prev: np.ndarray,
+                diff: bool, grad: np.ndarray, grad_z: np.ndarray, grad_g: np.ndarray) -> int:
+    """Recompute :func:`gru_push`'s gates; with ``pop``, pop the previous half into ``prev`` (its first
+    columns from ``restore``); with ``diff``, backpropagate (``grad`` in place). Returns the status."""
+    rows, half = h.shape
+    zq = np.empty((rows, half), np.int64)
+    ui = np.empty((rows, half), np.int64)
+    zs = np.empty((rows, half), np.float32)
+    gs = np.empty((rows, half), np.float32)
+    status = OK
+    for b in range(rows):
+        for j in range(half):
+            z, u, g = _gru_terms(s[b, j], pre_g[b, j] + p_g[b, j], slope)
+            zs[b, j], gs[b, j] = z, g
+            if _set_terms(zq, ui, b, j, z, u, rows_mask[b], min_numerator):
+                status = TERM_OVERFLOW
+    if pop:
+        stored = restore.shape[1]
+        status = max(status, pop_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, prev))
+        prev[:, :stored] = restore
+    if diff:
+        for b in range(rows):
+            for j in range(half):
+                grad[b, j], grad_u = _backward_update(grad[b, j], zq[b, j], rows_mask[b])
+                z, g, sz = zs[b, j], gs[b, j], s[b, j]
+                grad_g[b, j] = grad_u * (_ONE - z) * (_ONE - g * g)
+                grad_z[b, j] = (grad_u * _to_float(prev[b, j]) - grad_u * g) * slope * sz * (_ONE - sz)
+    return status
+
+
+@njit(**_JIT)
+def gru_read_grad(grad_rh: np.ndarray, read: np.ndarray, s: np.ndarray, grad_r: np.ndarray,
+                  grad_read: np.ndarray) -> None:
+    """d loss / d r's pre-activation, and r·grad_rh added to d loss / d h_j."""
+    rows, half = read.shape
+    for b in range(rows):
+        for j in range(half):
+            r = s[b, half + j]
+            grad_r[b, j] = grad_rh[b, j] * read[b, j] * r * (_ONE - r)
+            grad_read[b, j] += grad_rh[b, j] * r
+
+
+# ---------------------------------------------------------------------------- RevLSTM
+
+
+@njit(**_JIT)
+def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray, rows_mask: np.ndarray, stored: int,
+              slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
+              flags: np.ndarray, flag_c: int, flag_h: int, word_limit: int, out_h: np.ndarray, out_c: np.ndarray,
+              out_float: np.ndarray) -> tuple[int, float, float]:
+    """RevLSTM's half update: c pushed first, then h (whose term needs tanh of the new c). Returns
+    (status, bits destroyed by c, by h)."""
+    rows, half = h.shape
+    zq = np.empty((rows, half), np.int64)
+    ui = np.empty((rows, half), np.int64)
+    os = np.empty((rows, half), np.float32)
+    ps = np.empty((rows, half), np.float32)
+    status = OK
+    for b in range(rows):
+        for j in range(half):
+            sf, g, ig, o, sp = _lstm_gates(pre, proj, b, j, half)
+            os[b, j], ps[b, j] = o, _restrict(sp, slope)
+            if _set_terms(zq, ui, b, j, _restrict(sf, slope), ig * g, rows_mask[b], min_numerator):
+                status = TERM_OVERFLOW
+    pushed_c, lost_c = push_terms(c, zq, ui, rows_mask, 0, curr, stack, top, flags, flag_c, word_limit, out_c)
+    for b in range(rows):
+        for j in range(half):
+            if _set_terms(zq, ui, b, j, ps[b, j], os[b, j] * np.tanh(_to_float(out_c[b, j])), rows_mask[b],
+                          min_numerator):
+                status = TERM_OVERFLOW
+    pushed_h, lost_h = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, flag_h, word_limit, out_h)
+    _write_float(out_h, out_float)
+    return max(status, pushed_c, pushed_h), lost_c, lost_h
+
+
+@njit(**_JIT)
+def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray, rows_mask: np.ndarray,
+                 slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
+                 stack: np.ndarray, top: np.ndarray, flags: np.ndarray, flag_c: int, flag_h: int,
+                 prev_h: np.ndarray, prev_c: np.ndarray, diff: bool, grad_h: np.ndarray, grad_c: np.ndarray,
+                 grad_pre: np.ndarray) -> int:
+    """Recompute :func:`lstm_push`'s gates; with ``pop``, pop h then c into ``prev_h``, ``prev_c``; with
+    ``diff``, backpropagate (``grad_h``, ``grad_c`` in place, gate gradients into ``grad_pre``)."""
+    rows, half = h.shape
+    zq_h, ui_h = np.empty((rows, half), np.int64), np.empty((rows, half), np.int64)
+    zq_c, ui_c = np.empty((rows, half), np.int64), np.empty((rows, half), np.int64)
+    acts = np.empty((6, rows, half), np.float32)  # σ(f), tanh(g), σ(i), σ(o), σ(p), tanh(new c)
+    status = OK
+    for b in range(rows):
+        for j in range(half):
+            sf, g, ig, o, sp = _lstm_gates(pre, proj, b, j, half)
+            tc = np.tanh(_to_float(c[b, j]))
+            acts[0, b, j], acts[1, b, j], acts[2, b, j], acts[3, b, j], acts[4, b, j], acts[5, b, j] = (
+                sf, g, ig, o, sp, tc)
+            bad_h = _set_terms(zq_h, ui_h, b, j, _restrict(sp, slope), o * tc, rows_mask[b], min_numerator)
+            bad_c = _set_terms(zq_c, ui_c, b, j, _restrict(sf, slope), ig * g, rows_mask[b], min_numerator)
+            if bad_h or bad_c:
+                status = TERM_OVERFLOW
+    if pop:
+        stored = restore.shape[1]
+        status = max(status, pop_terms(h, zq_h, ui_h, rows_mask, stored, curr, stack, top, flags, flag_h, prev_h))
+        prev_h[:, :stored] = restore
+        status = max(status, pop_terms(c, zq_c, ui_c, rows_mask, 0, curr, stack, top, flags, flag_c, prev_c))
+    if diff:
+        for b in range(rows):
+            live = rows_mask[b]
+            for j in range(half):
+                sf, g, ig, o, sp, tc = (acts[0, b, j], acts[1, b, j], acts[2, b, j], acts[3, b, j], acts[4, b, j],
+                                        acts[5, b, j])
+                grad_h[b, j], grad_uh = _backward_update(grad_h[b, j], zq_h[b, j], live)
+                grad_c[b, j], grad_uc = _backward_update(grad_c[b, j] + grad_uh * o * (_ONE - tc * tc), zq_c[b, j],
+                                                         live)
+                grad_pre[b, j] = grad_uc * _to_float(prev_c[b, j]) * slope * sf * (_ONE - sf)
+                grad_pre[b, half + j] = grad_uc * ig * (_ONE - g * g)
+                grad_pre[b, 2 * half + j] = grad_uc * g * ig * (_ONE - ig)
+                grad_pre[b, 3 * half + j] = grad_uh * tc * o * (_ONE - o)
+                grad_pre[b, 4 * half + j] = grad_uh * _to_float(prev_h[b, j]) * slope * sp * (_ONE - sp)
+    return status
+
+
+# ---------------------------------------------------------------------------- the host side
+
+
+_NO_FLOATS = np.empty((0, 0), np.float32)
+
+
+def _no_words() -> tuple[np.ndarray, ...]:
+    """Stand-ins for the word arrays where nothing is popped (the derivative-only step)."""
+    return (np.empty((1, 1), np.int64), np.empty((1, 1, 1), np.int64), np.zeros(1, np.int64), np.zeros(1, np.bool_))
+
+
+def _reserve(words: WordStack, groups: list[list[int]]) -> int:
+    """Reserve the pushes of ``groups`` (widths per group); returns the first flag."""
+    words.reserve(sum(len(w) for w in groups))
+    return words.pushes
+
+
+def _record_push(words: WordStack, status: int, groups: list[tuple[list[int], float]]) -> None:
+    words.record_code(status)
+    for widths, lost in groups:
+        if widths:
+            words.record_push(widths, lost)
+    words.after_call()
+
+
+def _check_pops(words: WordStack, groups: list[list[int]]) -> int:
+    """Check that the last pushes are ``groups`` (in push order); returns the first flag of the first group."""
+    widths = [w for group in groups for w in group]
+    words.check_pop(widths)
+    return words.pushes - len(widths)
+
+
+def _record_pops(words: WordStack, status: int, groups: list[list[int]]) -> None:
+    words.record_code(status)
+    for widths in reversed(groups):
+        if widths:
+            words.record_pop(widths)
+    words.after_call()
+
+
+def _limit(max_bits: int | None) -> tuple[np.float32, int]:
+    """The forget limit's slope m (``buffers.forget_multiplier``) and smallest numerator."""
+    return np.float32(forget_multiplier(max_bits)), min_forget_numerator(max_bits)
+
+
+def _restore_array(restore: torch.Tensor | None, rows: int) -> np.ndarray:
+    return np.empty((rows, 0), np.int32) if restore is None else restore.numpy()
+
+
+class NumbaSteps(StepKernels):
+    """:class:`StepKernels` as numba loops on CPU tensors (see the module docstring)."""
+
+    name = "numba"
+
+    def gru_gates(self, pre_zr, p_zr, read, rh):
+        s = torch.empty_like(pre_zr)
+        gru_gates(pre_zr.numpy(), p_zr.numpy(), read.numpy(), s.numpy(), rh.numpy())
+        return s
+
+    def gru_push(self, buf, h, pre_g, p_g, s, mask, stored, max_bits, out):
+        words = buf.words
+        widths = words.update_widths(h.shape[1], stored)
+        first = _reserve(words, [widths])
+        new_float = torch.empty(h.shape)
+        status, lost = gru_push(h.numpy(), pre_g.numpy(), p_g.numpy(), s.numpy(), mask.numpy(), stored,
+                                *_limit(max_bits), *word_arrays(words), first, WORD_LIMIT,
+                                out.numpy(), new_float.numpy())
+        _record_push(words, status, [(widths, lost)])
+        return new_float
+
+    def gru_reverse(self, buf, h, pre_g, p_g, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
+        pop, diff = prev is None, grad is not None
+        stored = 0 if restore is None else restore.shape[1]
+        if pop:
+            words = buf.words
+            groups = [words.update_widths(h.shape[1], stored)]
+            first, arrays = _check_pops(words, groups), word_arrays(words)
+            prev = torch.empty_like(h)
+        else:
+            first, arrays = 0, _no_words()
+        grads = (grad.numpy(), grad_z.numpy(), grad_g.numpy()) if diff else (_NO_FLOATS,) * 3
+        status = gru_reverse(h.numpy(), pre_g.numpy(), p_g.numpy(), s.numpy(), mask.numpy(), *_limit(max_bits), pop,
+                             _restore_array(restore, h.shape[0]), *arrays, first, prev.numpy(), diff, *grads)
+        if pop:
+            _record_pops(words, status, groups)
+        return prev
+
+    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
+        gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy())
+
+    def lstm_push(self, buf, h, c, pre, proj, mask, stored, max_bits, out_h, out_c):
+        words = buf.words
+        widths_c, widths_h = words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)
+        first = _reserve(words, [widths_c, widths_h])
+        new_float = torch.empty(h.shape)
+        status, lost_c, lost_h = lstm_push(h.numpy(), c.numpy(), pre.numpy(), proj.numpy(), mask.numpy(), stored,
+                                           *_limit(max_bits), *word_arrays(words), first,
+                                           first + len(widths_c), WORD_LIMIT, out_h.numpy(), out_c.numpy(),
+                                           new_float.numpy())
+        _record_push(words, status, [(widths_c, lost_c), (widths_h, lost_h)])
+        return new_float
+
+    def lstm_reverse(self, buf, h, c, pre, proj, mask, max_bits, restore, prev, grad, grad_pre):
+        pop, diff = prev is None, grad is not None
+        stored = 0 if restore is None else restore.shape[1]
+        if pop:
+            words = buf.words
+            groups = [words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)]
+            first, arrays = _check_pops(words, groups), word_arrays(words)
+            prev = torch.empty_like(h), torch.empty_like(c)
+        else:
+            groups, first, arrays = [[]], 0, _no_words()
+        grads = (grad[0].numpy(), grad[1].numpy(), grad_pre.numpy()) if diff else (_NO_FLOATS,) * 3
+        status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), proj.numpy(), mask.numpy(), *_limit(max_bits), pop,
+                              _restore_array(restore, h.shape[0]), *arrays, first, first + len(groups[0]),
+                              prev[0].numpy(), prev[1].numpy(), diff, *grads)
+        if pop:
+            _record_pops(words, status, groups)
+        return prev
+
+
+NUMBA_STEPS = NumbaSteps()
+
+__all__ = ["NUMBA_STEPS", "NumbaSteps", "svml_in_use"]
