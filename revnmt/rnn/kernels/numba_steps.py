@@ -11,17 +11,17 @@ and :func:`~buffers.backends.numba_loops.pop_terms`, so the words are those of t
 
 Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
 forward's bit for bit. Both kernels take their gates from the same inlined helpers
-(:func:`_tanh`, :func:`_sigmoid`), in float32, with fastmath off (no reassociation, no
-contraction into fused multiply-adds) and no vectorized math library, so that ``exp`` and ``tanh``
-are the same scalar libm calls wherever they are inlined. (numba vectorizes a transcendental only
-through Intel SVML, see :func:`svml_in_use`; the tests check the forward and reverse gates agree.)
-The gates are not those of the torch reference to the last ulp, so the numba backend's states are
-its own; its reverse is exact all the same.
+(:func:`_tanh`, :func:`_sigmoid`), which are float32 multiplies, adds and one division and call no
+math library: with fastmath off (no reassociation, no contraction into fused multiply-adds) each
+of those operations is correctly rounded, so the result is the same bit for bit whether LLVM
+vectorizes a loop or not, in whichever kernel it is inlined. The gates are not those of the torch
+reference to the last ulp, so the numba backend's states are its own; its reverse is exact all
+the same (the tests check both, and that the integer part matches the torch backend's given the
+same gate values).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import njit
@@ -39,12 +39,6 @@ _JIT = dict(cache=True, nogil=True, error_model="numpy")
 _ONE = np.float32(1.0)
 _TO_FLOAT = np.float32(2.0 ** -HIDDEN_RADIX)  # to_float: int32 → float32 (rounded), times an exact power of two
 _PER_NUMERATOR = np.float32(1.0 / FORGET_ONE)
-
-
-def svml_in_use() -> bool:
-    """Whether numba vectorizes math through Intel SVML (then exp/tanh could round differently in
-    two kernels); the fused kernels need it off."""
-    return bool(numba.config.USING_SVML)
 
 
 # ---------------------------------------------------------------------------- shared elementwise helpers
@@ -442,4 +436,4 @@ class NumbaSteps(StepKernels):
 
 NUMBA_STEPS = NumbaSteps()
 
-__all__ = ["NUMBA_STEPS", "NumbaSteps", "svml_in_use"]
+__all__ = ["NUMBA_STEPS", "NumbaSteps"]
