@@ -209,6 +209,36 @@ class RevCell(nn.Module):
             grads[1 - i] = grads[1 - i] + grad_read
         return torch.cat(ints, 1), torch.cat(grads, 1), grad_p
 
+    @torch.no_grad()
+    def reverse_int(self, p: torch.Tensor, state: torch.Tensor, buf: InformationBuffer, mask: torch.Tensor,
+                    restore: torch.Tensor | None = None) -> torch.Tensor:
+        """Undo the step that produced ``state``: the exact previous int state, and no gradients.
+
+        The first half of :meth:`reverse_diff`, for a sweep that reconstructs several steps' states
+        before it backpropagates them (:meth:`backward_step`): the decoder, whose attention and loss
+        then run for those steps in one batched call.
+        """
+        ints = self._split(state)
+        grp = self._group(buf, mask, None)
+        for i in (1, 0):
+            self._pop_half(i, p, to_float(ints[1 - i]), ints, grp, self._restore(i, restore))
+        return torch.cat(ints, 1)
+
+    @torch.no_grad()
+    def backward_step(self, p: torch.Tensor, prev: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
+                      mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backpropagate the step from ``prev`` to ``state`` (both exact, from :meth:`reverse_int`):
+        the second half of :meth:`reverse_diff`, which needs no buffer. Returns d loss / d ``prev``
+        and d loss / d ``p``; recurrent weight gradients accumulate in ``.grad``."""
+        ints, grads = self._split(state), list(grad.split(self.half, 1))
+        grp = self._group(None, mask, None)
+        grad_p = torch.empty_like(p)
+        for i in (1, 0):
+            grad_read = self._reverse_half(i, p, to_float(ints[1 - i]), ints, grads, grp, None,
+                                           self._half_projection(grad_p, i), self._split(prev))
+            grads[1 - i] = grads[1 - i] + grad_read
+        return torch.cat(grads, 1), grad_p
+
 
 class RevGRUCell(RevCell):
     """h_i ← z_i·h_i + (1 − z_i)·g_i, with [z_i | r_i] = σ(W[x; h_j]), g_i = tanh(V[x; r_i·h_j])."""
@@ -244,13 +274,18 @@ class RevGRUCell(RevCell):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    def _reverse_half(self, i, p, read, ints, grads, grp, restore, grad_pre):
-        """Pop h_i in ``ints`` back to its previous value, turn ``grads[i]`` into its gradient, write
-        d loss / d half i's projection into ``grad_pre`` and return d loss / d ``read`` (h_j)."""
+    def _pop_half(self, i, p, read, ints, grp, restore):
+        """Pop h_i in ``ints`` back to its previous value (``read`` is h_j as the gates read it)."""
+        ints[i] = grp.pop(ints[i], *self._gates(i, p, read), restore)
+
+    def _reverse_half(self, i, p, read, ints, grads, grp, restore, grad_pre, prev=None):
+        """Pop h_i in ``ints`` back to its previous value (or take it from the exact ``prev`` state's
+        halves), turn ``grads[i]`` into its gradient, write d loss / d half i's projection into
+        ``grad_pre`` and return d loss / d ``read`` (h_j)."""
         acts = self._activations(i, p, read)
         sz, r, rh, g = acts
         z, u = self._terms(acts)
-        ints[i] = grp.pop(ints[i], z, u, restore)
+        ints[i] = grp.pop(ints[i], z, u, restore) if prev is None else prev[i]
         grads[i], grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
         grad_pre_z, grad_pre_r, grad_pre_g = grad_pre.split(self.half, 1)
         torch.mul(grad_u * (1 - z), 1 - g * g, out=grad_pre_g)
@@ -308,16 +343,26 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    def _reverse_half(self, i, proj, read, ints, grads, grp, restore, grad_pre):
-        """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) and turn their gradients
-        into the previous values'; see RevGRUCell."""
+    def _pop_half(self, i, proj, read, ints, grp, restore):
+        """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) back to their previous values."""
+        h, c = i, 2 + i
+        f, u_c, o, p = self._gates(i, proj, read)
+        ints[h] = grp.pop(ints[h], p, o * torch.tanh(to_float(ints[c])), restore)
+        ints[c] = grp.pop(ints[c], f, u_c)
+
+    def _reverse_half(self, i, proj, read, ints, grads, grp, restore, grad_pre, prev=None):
+        """Pop h_i, then c_i, in ``ints`` (or take them from ``prev``'s columns) and turn their
+        gradients into the previous values'; see RevGRUCell."""
         h, c = i, 2 + i
         acts = self._activations(i, proj, read)
         sf, g, ig, o, sp = acts
         f, u_c, _, p = self._terms(acts)
         tc = torch.tanh(to_float(ints[c]))  # of the new cell, which the new h_i was made from
-        ints[h] = grp.pop(ints[h], p, o * tc, restore)
-        ints[c] = grp.pop(ints[c], f, u_c)
+        if prev is None:
+            ints[h] = grp.pop(ints[h], p, o * tc, restore)
+            ints[c] = grp.pop(ints[c], f, u_c)
+        else:
+            ints[h], ints[c] = prev[h], prev[c]
         grads[h], grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
         grads[c], grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
         out_f, out_g, out_i, out_o, out_p = grad_pre.chunk(5, 1)

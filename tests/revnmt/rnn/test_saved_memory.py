@@ -22,7 +22,7 @@ def _peak_saved(rnn, steps, reversal):
     with SavedTensorMeter(exclude=[*rnn.parameters(), mask, x]) as meter:
         if reversal:
             inputs = TensorInput(x)
-            rnn.backward_sweep(rnn.forward_sweep(inputs, mask), inputs, output_grad=lambda t, out: w[t])
+            rnn.backward_sweep(rnn.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])
         else:
             out, *_ = rnn.forward_autograd(x, mask)
             (out * w).sum().backward()
@@ -70,25 +70,30 @@ class _LiveTensorMeter(TorchDispatchMode):
         self.current -= self.live.pop(key, 0)
 
 
+@pytest.mark.parametrize("method", ["reverse_diff", "reverse_int", "backward_step"])
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_reverse_step_working_set_is_within_its_accounting(cell):
+def test_reverse_step_working_set_is_within_its_accounting(cell, method):
     batch, rnn = 16, ReversibleRNN(cell, 24, 40, slice_dim=6)
     steps = 3
     x, mask = torch.randn(steps, batch, 24), torch.ones(steps, batch, dtype=torch.bool)
     tape = rnn.forward_sweep(TensorInput(x), mask)
     layer, peaks = rnn.cells[0], []
-    reverse_diff = layer.reverse_diff
+    step = getattr(layer, method)
 
     def metered(*args, **kwargs):
         with _LiveTensorMeter() as meter:
-            result = reverse_diff(*args, **kwargs)
+            result = step(*args, **kwargs)
         peaks.append(meter.peak)
         return result
 
-    layer.reverse_diff = metered
+    setattr(layer, method, metered)
     for param in rnn.parameters():  # parameter gradients are not the step's working set
         param.grad = torch.zeros_like(param)
-    rnn.backward_sweep(tape, TensorInput(x), output_grad=lambda t, out: torch.ones_like(out))
+    if method == "reverse_diff":  # a sweep without output gradients reverses and backpropagates in one step
+        rnn.backward_sweep(tape, TensorInput(x), grad_final=[torch.ones(batch, rnn.state_size)])
+    else:  # with them, it reverses a chunk, then backpropagates it
+        rnn.backward_sweep(tape, TensorInput(x), output_grads=lambda s, out: torch.ones_like(out))
     # the buffer's compiled pops allocate their scratch (int64 z* and u, int32 h − u, bools) in numpy
     pop_scratch = batch * layer.half * (8 + 8 + 4 + 1)
+    assert len(peaks) == steps
     assert 0 < max(peaks) + pop_scratch <= layer.reverse_work_bytes(batch)
