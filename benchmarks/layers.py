@@ -85,7 +85,7 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None
     def rev_step():
         inputs = TensorInput(x)
         tape = rev.forward_sweep(inputs, mask)
-        rev.backward_sweep(tape, inputs, output_grad=lambda t, out: w[t])
+        rev.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
 
     def ordinary_step():
         out, _ = ordinary(x)
@@ -144,11 +144,11 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
     rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_backend=backend,
                         eager_checks=False).to(device)
     inputs = TensorInput(x)
-    rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grad=lambda t, out: w[t])  # warm-up
+    rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])  # warm-up
     with _OpCounter() as forward:
         tape = rev.forward_sweep(inputs, mask)
     with _OpCounter() as reverse:
-        rev.backward_sweep(tape, inputs, output_grad=lambda t, out: w[t])
+        rev.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
     return {"cell": "rev" + cell, "backend": backend, "buffer_lanes": rev.lanes_on(device),
             "forward_per_step": forward.count / steps, "reverse_per_step": reverse.count / steps}
 

@@ -22,7 +22,7 @@ from revnmt.rnn import ReversibleRNN, TensorInput
 def _step(rnn: ReversibleRNN, x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> None:
     inputs = TensorInput(x)
     tape = rnn.forward_sweep(inputs, mask)
-    rnn.backward_sweep(tape, inputs, output_grad=lambda t, out: w[t])
+    rnn.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
 
 
 def main() -> None:

@@ -113,6 +113,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="information-buffer lanes per sentence, shared by the batch (reversible RNNs; default: "
                        f"{DEFAULT_LANES['numba']} with the numba backend, {DEFAULT_LANES['triton']} with triton or "
                        "torch)")
+    model.add_argument("--decoder-chunk-steps", type=int, default=defaults.decoder_chunk_steps,
+                       help="reversible RNNs: decoder steps undone before their attention and loss are "
+                       "backpropagated in one batched call; more is faster and holds more memory per sentence")
     model.add_argument("--buffer-backend", choices=BACKENDS, default=defaults.buffer_backend,
                        help="where the information buffer's arithmetic runs (reversible RNNs): compiled CPU loops "
                        "(numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, any device; "
@@ -125,6 +128,7 @@ def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> Mo
                        dropout=args.dropout, attention=args.attention, slice_dim=args.slice_dim,
                        max_forget_bits=args.max_forget_bits, buffer_lanes=args.buffer_lanes,
                        buffer_backend=args.buffer_backend, checkpoint_steps=args.checkpoint_steps,
+                       decoder_chunk_steps=args.decoder_chunk_steps,
                        src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate()
 
 

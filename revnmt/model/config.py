@@ -27,6 +27,9 @@ class ModelConfig:
     # Ordinary RNNs only: recompute the recurrent layers in backward from checkpoints every K steps
     # (an int, or "auto": ⌈√T⌉ per batch); None keeps every step for backward.
     checkpoint_steps: int | str | None = None
+    # Reversible RNNs only: decoder steps undone before their attention and loss run in one call. More is
+    # faster and holds more per sentence (docs/performance.md); part of what a run computes.
+    decoder_chunk_steps: int = 2
     src_vocab: int = 0
     tgt_vocab: int = 0
 
@@ -58,7 +61,7 @@ class ModelConfig:
             raise ValueError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTION_TYPES)}")
         if self.max_forget_bits not in MAX_FORGET_CHOICES:
             raise ValueError(f"--max-forget-bits must be one of 1, 2, 3, 5 or none, got {self.max_forget_bits!r}")
-        for name in ("emb_dim", "hidden_size", "layers", "buffer_lanes"):
+        for name in ("emb_dim", "hidden_size", "layers", "buffer_lanes", "decoder_chunk_steps"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reversible and self.hidden_size % 2:

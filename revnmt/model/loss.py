@@ -5,23 +5,35 @@ their gradient, for every target token. Reversal removes the hidden states from 
 would otherwise be what is left. Here the logits are computed a vocabulary chunk at a time: the
 forward pass keeps only the log-sum-exp per row; the backward pass recomputes each chunk's logits,
 turns them into softmax − one-hot in place, and multiplies out the gradients. Peak extra memory is
-one [rows, VOCAB_CHUNK] block; the price is computing the output layer's logits twice.
+one [rows, chunk] block; the price is computing the output layer's logits twice.
+
+The chunk narrows as the rows grow (:func:`vocab_chunk`), so that the block stays about as large as
+64 rows' full-width chunk: many rows (several decoder steps of a large batch) would otherwise make it
+a cost per sentence that a memory budget feels.
 """
 
 from __future__ import annotations
 
 import torch
 
-VOCAB_CHUNK = 2048
+VOCAB_CHUNK = 2048  # the widest chunk, used up to 64 rows
+MIN_VOCAB_CHUNK = 256
+LOGIT_BLOCK = 64 * VOCAB_CHUNK  # elements of the block, where the rows allow
+
+
+def vocab_chunk(rows: int) -> int:
+    """Vocabulary columns per chunk over ``rows`` rows."""
+    return min(VOCAB_CHUNK, max(MIN_VOCAB_CHUNK, LOGIT_BLOCK // max(rows, 1)))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, ignore_index):
         rows = hidden.shape[0]
+        chunk = vocab_chunk(rows)
         lse = torch.full((rows,), float("-inf"), device=hidden.device, dtype=hidden.dtype)
-        for start in range(0, weight.shape[0], VOCAB_CHUNK):
-            logits = torch.addmm(bias[start:start + VOCAB_CHUNK], hidden, weight[start:start + VOCAB_CHUNK].t())
+        for start in range(0, weight.shape[0], chunk):
+            logits = torch.addmm(bias[start:start + chunk], hidden, weight[start:start + chunk].t())
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
         keep = target != ignore_index
         safe = torch.where(keep, target, 0)
@@ -37,16 +49,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.empty_like(weight)
         grad_bias = torch.empty_like(bias)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
-        for start in range(0, weight.shape[0], VOCAB_CHUNK):
-            w = weight[start:start + VOCAB_CHUNK]
+        chunk = vocab_chunk(hidden.shape[0])
+        for start in range(0, weight.shape[0], chunk):
+            w = weight[start:start + chunk]
             # softmax − one-hot, built in place in the recomputed logits
-            p = torch.addmm(bias[start:start + VOCAB_CHUNK], hidden, w.t()).sub_(lse[:, None]).exp_()
+            p = torch.addmm(bias[start:start + chunk], hidden, w.t()).sub_(lse[:, None]).exp_()
             inside = (safe >= start) & (safe < start + w.shape[0])
             p[rows[inside], safe[inside] - start] -= 1
             p.mul_(scale)
             grad_hidden.addmm_(p, w)
-            grad_weight[start:start + VOCAB_CHUNK] = p.t() @ hidden
-            grad_bias[start:start + VOCAB_CHUNK] = p.sum(0)
+            grad_weight[start:start + chunk] = p.t() @ hidden
+            grad_bias[start:start + chunk] = p.sum(0)
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
@@ -62,4 +75,4 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
 
 def logit_work_bytes(rows: int, vocab: int, element_size: int = 4) -> int:
     """Memory the backward pass of :func:`linear_cross_entropy` needs beyond its saved tensors."""
-    return rows * min(vocab, VOCAB_CHUNK) * element_size
+    return rows * min(vocab, vocab_chunk(rows)) * element_size

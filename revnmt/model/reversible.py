@@ -6,8 +6,9 @@ A training step keeps no per-step activations of either RNN:
    final state; there is no input feeding, so attention never enters the recurrence);
 2. the attention memory (source embeddings and/or the encoder's stored slices) is built once per
    batch and used as a detached leaf whose gradient accumulates over decoder steps;
-3. the decoder's reverse sweep computes attention, logits and loss of one step at a time (logits
-   never exist for the whole batch at once) and backpropagates them;
+3. the decoder's reverse sweep goes a chunk of ``cfg.decoder_chunk_steps`` steps at a time: it undoes
+   the chunk's steps, computes attention, logits and loss of their outputs in one batched call
+   (logits never exist for the whole batch at once) and backpropagates them;
 4. the memory's gradient flows once into the embeddings and the stored slices, and the encoder is
    reversed with the gradient of its final state and of its slices.
 
@@ -40,11 +41,11 @@ class ReversibleSeq2Seq(Seq2Seq):
     decoder: ReversibleRNN
 
     def make_rnns(self, cfg: ModelConfig) -> tuple[ReversibleRNN, ReversibleRNN]:
-        def make(slice_dim: int) -> ReversibleRNN:
+        def make(slice_dim: int, **chunk) -> ReversibleRNN:
             return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
-                                 cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend)
+                                 cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend, **chunk)
         # only the encoder stores units of its top layer for attention
-        return make(cfg.stored_units), make(0)
+        return make(cfg.stored_units), make(0, chunk_steps=cfg.decoder_chunk_steps)
 
     def draw_rnn_dropout(self, batch: int, device: torch.device) -> tuple[list, list]:
         return self.encoder.draw_dropout(batch, device), self.decoder.draw_dropout(batch, device)
@@ -66,16 +67,16 @@ class ReversibleSeq2Seq(Seq2Seq):
         total = torch.zeros((), device=src.device)
         held = self._held_bytes(src.shape[1], enc_tape, dec_tape, memory)  # while the buffers are full
 
-        def output_grad(t: int, out: torch.Tensor) -> torch.Tensor:
+        def output_grads(steps: slice, outs: torch.Tensor) -> torch.Tensor:
             nonlocal total
             with torch.enable_grad():
-                query = out.detach().requires_grad_()
-                loss = self.step_loss(query, memory_leaf, pad_mask, masks, tgt_out[t])
+                query = outs.detach().requires_grad_()
+                loss = self.step_loss(query.transpose(0, 1), memory_leaf, pad_mask, masks, tgt_out[steps].t())
                 (loss / normalizer).backward()
-            total = total + loss.detach()  # stays on the device: no sync per step
+            total = total + loss.detach()  # stays on the device: no sync per chunk
             return query.grad
 
-        enc_final_grad = self.decoder.backward_sweep(dec_tape, dec_in, output_grad=output_grad)
+        enc_final_grad = self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads)
         memory.backward(memory_leaf.grad)
         self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
                                     slice_grad=None if stored is None else stored.grad)
@@ -94,12 +95,14 @@ class ReversibleSeq2Seq(Seq2Seq):
     def _held_bytes(self, batch: int, enc_tape: Tape, dec_tape: Tape, memory: torch.Tensor) -> int:
         """Held outside autograd's saved tensors during the backward sweeps: the buffers, the stored
         slices (int and float), the gradient of the attention memory and one sweep's working set (a
-        chunk of input projections, one reverse step's temporaries, one step's logits). The memory
-        itself is saved by the attention and counted there."""
+        chunk of input projections and of the decoder's states and outputs with their gradients, one
+        reverse step's temporaries, the logit block of a chunk's loss). The memory itself, and what
+        the chunk's attention saves, are autograd's and counted there."""
+        rows = batch * self.decoder.chunk_steps
+        decoder = self.decoder.work_bytes(batch, outputs=True) + rows * self.cfg.hidden_size * 4  # + outputs' grads
         return (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
                 + 2 * nbytes(enc_tape.slices) + nbytes(memory)
-                + max(rnn.work_bytes(batch) for rnn in (self.encoder, self.decoder))
-                + self.logit_work_bytes(batch))
+                + max(self.encoder.work_bytes(batch), decoder + self.logit_work_bytes(rows)))
 
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                       masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,12 +7,14 @@ Training by reversal (MacKay et al. 2018, §6 of our paper notes):
    keeps only the final integer states, the buffer, the dropout masks and, if asked, an exact
    int32 slice of the top layer per step (attention memory). No per-step activations.
 2. ``backward_sweep`` walks t = T−1 … 0, top layer first. At each step it takes the gradient that
-   arrives from outside (a per-step output callback, e.g. the decoder's attention and loss, and
-   the gradient of the stored slice), reverses the layer one step to recover the exact previous
-   state and backpropagates that step, through the very gates that decoded the buffer
-   (``reverse_diff``, differentiated by hand). Only one step's temporaries and one chunk of
-   input projections are alive at any time, and autograd saves nothing: memory does not grow
-   with T.
+   arrives from outside (the gradient of the stored slice, and of the outputs: the decoder's
+   attention and loss), reverses the layer one step to recover the exact previous state and
+   backpropagates that step, through the very gates that decoded the buffer (``reverse_diff``,
+   differentiated by hand). A stack whose outputs get gradients goes by chunks of steps instead:
+   it undoes a chunk's steps first (holding their states), gets the gradients of all the chunk's
+   outputs in one call, then backpropagates the steps. Only a chunk's states, one step's
+   temporaries and one chunk of input projections are alive at any time, and autograd saves
+   nothing: memory does not grow with T.
 3. At the end the reconstructed initial state must equal the true one and the buffer must be
    empty; otherwise :class:`ReversalError` — gradients are never silently wrong.
 
@@ -35,9 +37,10 @@ from buffers import BufferError, FixedPointOverflowError, InformationBuffer, Ove
 
 from .cells import REV_CELLS, RecurrentGrads, RevCell
 
-#: Layer 0's input projections are computed this many steps per matrix product (see InputProjection). Longer
-#: chunks are faster, but a chunk is held memory, steps x batch x gate columns floats, a cost per sentence that short
-#: sentences feel most under a memory budget: the measurements behind 2 are in docs/performance.md.
+#: Steps per chunk when a stack is given none (``chunk_steps``): layer 0's input projections are computed this many
+#: steps per matrix product (see InputProjection). Longer chunks are faster, but a chunk is held memory, steps x batch
+#: x gate columns floats, a cost per sentence that short sentences feel most under a memory budget: the measurements
+#: behind 2 are in docs/performance.md.
 PROJECTION_STEPS = 2
 
 
@@ -107,10 +110,10 @@ class TensorInput:
         self.grad[t] += grad
 
 
-def project_steps(cell: RevCell, x: torch.Tensor) -> torch.Tensor:
+def project_steps(cell: RevCell, x: torch.Tensor, steps: int) -> torch.Tensor:
     """``cell.project`` of a whole [T, B, I] input, one product per chunk of the fixed grid
-    (steps [c·PROJECTION_STEPS, (c+1)·PROJECTION_STEPS)), as :class:`InputProjection` computes it."""
-    return torch.cat([cell.project(x[start: start + PROJECTION_STEPS]) for start in range(0, len(x), PROJECTION_STEPS)])
+    (steps [c·steps, (c+1)·steps)), as :class:`InputProjection` computes it."""
+    return torch.cat([cell.project(x[start: start + steps]) for start in range(0, len(x), steps)])
 
 
 class InputProjection:
@@ -128,15 +131,15 @@ class InputProjection:
     the inputs are fetched again then rather than held: the chunk holds one tensor.
     """
 
-    def __init__(self, cell: RevCell, inputs: SequenceInput) -> None:
-        self.cell, self.inputs = cell, inputs
+    def __init__(self, cell: RevCell, inputs: SequenceInput, steps: int) -> None:
+        self.cell, self.inputs, self.steps = cell, inputs, steps
         self._start, self._stop = 0, 0
         self._values: torch.Tensor | None = None
 
     @staticmethod
-    def held_bytes(cell: RevCell, batch: int) -> int:
-        """Bytes of the one chunk held outside autograd (memory accounting)."""
-        return PROJECTION_STEPS * batch * cell.project_width * 4
+    def held_bytes(cell: RevCell, batch: int, steps: int) -> int:
+        """Bytes of the one chunk of ``steps`` steps held outside autograd (memory accounting)."""
+        return steps * batch * cell.project_width * 4
 
     def _inputs(self) -> torch.Tensor:
         return torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
@@ -145,8 +148,8 @@ class InputProjection:
     def at(self, t: int) -> torch.Tensor:
         """The projection of the input at step t."""
         if not self._start <= t < self._stop:
-            self._start = t - t % PROJECTION_STEPS
-            self._stop = min(self._start + PROJECTION_STEPS, len(self.inputs))
+            self._start = t - t % self.steps
+            self._stop = min(self._start + self.steps, len(self.inputs))
             self._values = self.cell.project(self._inputs())
         return self._values[t - self._start]
 
@@ -203,11 +206,16 @@ class ReversibleRNN(nn.Module):
             state groups are folded onto them; fewer lanes fill their 64-bit words better. ``None``: the
             default for the device (:data:`DEFAULT_LANES`). The words feed the lowest bits of each
             product, so the lane count is part of what a run computes.
+        chunk_steps: steps per chunk of layer 0's input projections (one matrix product each, on a
+            fixed grid both sweeps share) and, when the backward sweep takes output gradients, steps
+            reversed before their outputs are backpropagated in one call (see :meth:`backward_sweep`).
+            Part of what a run computes, like the lanes: the chunk's product rounds each gate.
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
                  max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None,
-                 buffer_backend: str = "auto", eager_checks: bool | None = None) -> None:
+                 buffer_backend: str = "auto", eager_checks: bool | None = None,
+                 chunk_steps: int = PROJECTION_STEPS) -> None:
         super().__init__()
         if cell not in REV_CELLS:
             raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
@@ -217,6 +225,8 @@ class ReversibleRNN(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if buffer_lanes is not None and buffer_lanes < 1:
             raise ValueError(f"buffer_lanes must be positive, got {buffer_lanes}")
+        if chunk_steps < 1:
+            raise ValueError(f"chunk_steps must be positive, got {chunk_steps}")
         if buffer_backend not in backends.BACKENDS:
             raise ValueError(f"unknown buffer backend {buffer_backend!r}; choose one of {', '.join(backends.BACKENDS)}")
         self.cells: nn.ModuleList = nn.ModuleList(
@@ -225,20 +235,25 @@ class ReversibleRNN(nn.Module):
         )
         self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
         self.max_forget_bits, self.slice_dim, self.buffer_lanes = max_forget_bits, slice_dim, buffer_lanes
-        self.buffer_backend, self.eager_checks = buffer_backend, eager_checks
+        self.buffer_backend, self.eager_checks, self.chunk_steps = buffer_backend, eager_checks, chunk_steps
 
     @property
     def state_size(self) -> int:
         """Width of one layer's integer state (H for GRU, 2H for LSTM: h and c)."""
         return self.cells[0].state_size
 
-    def work_bytes(self, batch: int) -> int:
+    def work_bytes(self, batch: int, outputs: bool = False) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
         one chunk of layer 0's input projections, every layer's chunk of recurrent weight gradients
-        and one reverse step's temporaries."""
-        return (InputProjection.held_bytes(self.cells[0], batch)
+        and one reverse step's temporaries; with ``outputs`` (a backward sweep taking output
+        gradients), also a chunk's states of every layer and its top-layer outputs."""
+        held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
                 + sum(RecurrentGrads.held_bytes(cell, batch, WEIGHT_GRAD_STEPS) for cell in self.cells)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
+        if outputs:  # chunks of one step hold no states, only the step's output
+            states = self.num_layers * self.state_size if self.chunk_steps > 1 else 0
+            held += self.chunk_steps * batch * (states + self.hidden_size) * 4
+        return held
 
     def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
         """Integer zeros for every layer."""
@@ -328,7 +343,7 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=None if reversible else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
-        projection = InputProjection(self.cells[0], inputs)
+        projection = InputProjection(self.cells[0], inputs, self.chunk_steps)
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
                 p, _ = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
@@ -340,15 +355,24 @@ class ReversibleRNN(nn.Module):
         return tape
 
     def backward_sweep(self, tape: Tape, inputs: SequenceInput, grad_final: list[torch.Tensor | None] | None = None,
-                       output_grad: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
+                       output_grads: Callable[[slice, torch.Tensor], torch.Tensor | None] | None = None,
                        slice_grad: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Reverse the sweep step by step, accumulating parameter gradients into ``.grad``.
 
+        Without ``output_grads`` (or with chunks of one step) each step is undone and backpropagated
+        at once, through the gates that decoded the buffer (``cell.reverse_diff``). With it, the sweep
+        goes a chunk of ``chunk_steps`` steps at a time: it undoes the chunk's steps first (``cell.reverse_int``,
+        holding their states), asks for the gradients of all their outputs in one call, then
+        backpropagates the steps (``cell.backward_step``, recomputing the gates from the held
+        states). The decoder's attention and loss thus run once per chunk, not once per step, and
+        memory stays O(chunk), not O(T).
+
         Args:
             grad_final: gradient of the loss w.r.t. each layer's final state (real values), or None.
-            output_grad: called as ``output_grad(t, out_t)`` with the top layer's float output at
-                step t; returns d loss / d out_t (or None). The decoder computes attention and the
-                loss for step t here, so logits never exist for all steps at once.
+            output_grads: called as ``output_grads(steps, outs)`` with a slice of steps and the top
+                layer's float outputs at those steps [len, B, H]; returns d loss / d outs (or None).
+                The decoder computes attention and the loss of a chunk here, so logits never exist
+                for all steps at once.
             slice_grad: [T, B, k] gradient w.r.t. the stored slices.
         Returns:
             The gradient w.r.t. each layer's initial state (real values).
@@ -361,46 +385,90 @@ class ReversibleRNN(nn.Module):
                              "inference) and cannot be reversed")
         try:
             with exact_float32(tape.mask.device):
-                grads = self._reverse_steps(tape, inputs, grad_final, output_grad, slice_grad)
+                grads = self._reverse_steps(tape, inputs, grad_final, output_grads, slice_grad)
         except (BufferError, FixedPointOverflowError) as err:
             # A wrong reconstruction drives the state or the buffer out of range before the end.
             raise ReversalError(f"reversal went off the exact path ({err}); gradients would be wrong") from err
         self._check_exact(tape)
         return grads
 
-    def _reverse_steps(self, tape, inputs, grad_final, output_grad, slice_grad) -> list[torch.Tensor]:
+    def _reverse_steps(self, tape, inputs, grad_final, output_grads, slice_grad) -> list[torch.Tensor]:
         steps, batch = tape.mask.shape
-        top = self.num_layers - 1
-        states = tape.states
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
-        projection = InputProjection(self.cells[0], inputs)
+        projection = InputProjection(self.cells[0], inputs, self.chunk_steps)
         weights = [RecurrentGrads(cell, batch, min(WEIGHT_GRAD_STEPS, steps), tape.mask.device) for cell in self.cells]
-        for t in reversed(range(steps)):
-            if output_grad is not None:
-                g_out = output_grad(t, self.cells[top].output(states[top]))
-                if g_out is not None:
-                    grads[top][:, : self.hidden_size] += g_out
-            if slice_grad is not None:
-                grads[top][:, : self.slice_dim] += slice_grad[t]
-            for layer in reversed(range(self.num_layers)):
-                cell = self.cells[layer]
-                restore = None
-                if self._stored(layer):  # the stored slice holds this layer's previous output columns
-                    restore = tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
-                p, x = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
-                prev, grads[layer], p_grad = cell.reverse_diff(p, states[layer], grads[layer], tape.buffer,
-                                                               tape.mask[t], restore, weights[layer])
-                # Layer 0's projections are backpropagated a chunk at a time; a higher layer's here.
-                if layer == 0:
-                    projection.backward(t, p_grad)
-                else:
-                    below = cell.project_backward(x, p_grad)
-                    grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, tape.dropout)
-                states[layer] = prev
+        if output_grads is None or self.chunk_steps == 1:  # undo and backpropagate each step at once
+            for t in reversed(range(steps)):
+                if output_grads is not None:
+                    g_out = output_grads(slice(t, t + 1), self.cells[-1].output(tape.states[-1])[None])
+                    if g_out is not None:
+                        grads[-1][:, : self.hidden_size] += g_out[0]
+                self._add_slice_grad(grads, slice_grad, t)
+                for layer in reversed(range(self.num_layers)):
+                    p, x = self._projection(layer, t, projection, tape.states[layer - 1], tape.dropout)
+                    tape.states[layer], grads[layer], p_grad = self.cells[layer].reverse_diff(
+                        p, tape.states[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),
+                        weights[layer])
+                    self._backward_input(layer, t, projection, x, p_grad, grads, tape.dropout)
+        else:
+            self._reverse_chunks(tape, projection, weights, grads, output_grads, slice_grad)
         for chunk in weights:
             chunk.flush()
         return grads
+
+    def _reverse_chunks(self, tape: Tape, projection: InputProjection, weights: list[RecurrentGrads],
+                        grads: list[torch.Tensor], output_grads: Callable[[slice, torch.Tensor], torch.Tensor | None],
+                        slice_grad: torch.Tensor | None) -> None:
+        """The backward sweep a chunk of steps at a time (see :meth:`backward_sweep`)."""
+        steps = tape.mask.shape[0]
+        backend = tape.buffer.backend.name  # the gates of backward_step must be those reverse_int decoded with
+        for start in reversed(range(0, steps, self.chunk_steps)):
+            chunk = range(start, min(start + self.chunk_steps, steps))
+            # 1. Undo the chunk's steps, holding every layer's state after each step: after[t - start].
+            after = []
+            for t in reversed(chunk):
+                after.append(list(tape.states))
+                for layer in reversed(range(self.num_layers)):
+                    p, _ = self._projection(layer, t, projection, tape.states[layer - 1], tape.dropout)
+                    tape.states[layer] = self.cells[layer].reverse_int(
+                        p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape))
+            after.reverse()
+            # 2. The gradients of the chunk's outputs, in one call.
+            outs = torch.stack([self.cells[-1].output(state[-1]) for state in after])
+            g_out = output_grads(slice(chunk.start, chunk.stop), outs)
+            del outs
+            # 3. Backpropagate the steps through the held states.
+            for t in reversed(chunk):
+                if g_out is not None:
+                    grads[-1][:, : self.hidden_size] += g_out[t - start]
+                self._add_slice_grad(grads, slice_grad, t)
+                now, before = after[t - start], after[t - start - 1] if t > start else tape.states
+                for layer in reversed(range(self.num_layers)):
+                    p, x = self._projection(layer, t, projection, now[layer - 1], tape.dropout)
+                    grads[layer], p_grad = self.cells[layer].backward_step(
+                        p, before[layer], now[layer], grads[layer], tape.mask[t], backend, weights[layer])
+                    self._backward_input(layer, t, projection, x, p_grad, grads, tape.dropout)
+
+    def _restore(self, layer: int, t: int, tape: Tape) -> torch.Tensor | None:
+        """The exact previous values of ``layer``'s stored output columns at step t (None if it stores none)."""
+        if not self._stored(layer):
+            return None
+        return tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
+
+    def _add_slice_grad(self, grads: list[torch.Tensor], slice_grad: torch.Tensor | None, t: int) -> None:
+        if slice_grad is not None:
+            grads[-1][:, : self.slice_dim] += slice_grad[t]
+
+    def _backward_input(self, layer: int, t: int, projection: InputProjection, x: torch.Tensor | None,
+                        p_grad: torch.Tensor, grads: list[torch.Tensor], dropout: list[torch.Tensor | None]) -> None:
+        """Backpropagate d loss / d ``layer``'s projected input at step t: layer 0's a chunk at a time
+        (its projection's), a higher layer's into the gradient of the layer below's state."""
+        if layer == 0:
+            projection.backward(t, p_grad)
+        else:
+            below = self.cells[layer].project_backward(x, p_grad)
+            grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, dropout)
 
     def _check_exact(self, tape: Tape) -> None:
         tape.check()
@@ -439,7 +507,7 @@ class ReversibleRNN(nn.Module):
         dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
         buf = self.new_buffer(batch, device)
         outputs, slices = [], []
-        projected = project_steps(self.cells[0], x)  # the values the sweeps compute chunk by chunk
+        projected = project_steps(self.cells[0], x, self.chunk_steps)  # as the sweeps compute them
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
                 if layer == 0:

@@ -24,3 +24,11 @@ def test_matches_cross_entropy_of_the_full_logits(vocab, monkeypatch):
     for got, want in zip(ours_grads, ref_grads):
         assert torch.allclose(got, want)
     assert torch.autograd.gradcheck(lambda h, w, b: linear_cross_entropy(h, w, b, target, 0), (hidden, weight, bias))
+
+
+def test_the_logit_block_does_not_grow_with_the_rows():
+    assert loss_module.vocab_chunk(64) == loss_module.VOCAB_CHUNK
+    for rows in (65, 512, 4096):
+        chunk = loss_module.vocab_chunk(rows)
+        assert chunk < loss_module.VOCAB_CHUNK
+        assert rows * chunk <= loss_module.LOGIT_BLOCK or chunk == loss_module.MIN_VOCAB_CHUNK

@@ -29,6 +29,19 @@ def test_reversal_matches_backprop_for_the_whole_model(rnn, attention, layers, d
         assert cos >= 0.9999 and (got - want).norm() <= 1e-4 * want.norm(), name
 
 
+@pytest.mark.parametrize("chunk_steps", [1, 3, 7])
+def test_decoder_chunks_of_any_size_match_backprop(chunk_steps):
+    # the toy targets are 7 tokens long: partial chunks, one chunk for all, and one step at a time
+    model, batch = toy.model("revlstm", "emb+slice", 2, decoder_chunk_steps=chunk_steps), toy.batch()
+    loss_rev, rev = toy.grads(model, model.train_step, batch)
+    loss_ref, ref = toy.grads(model, model.train_step_autograd, batch)
+    assert torch.allclose(loss_rev, loss_ref, rtol=1e-6)
+    for name in ref:
+        got, want = rev[name].flatten().double(), ref[name].flatten().double()
+        cos = torch.nn.functional.cosine_similarity(got, want, dim=0)
+        assert cos >= 0.9999 and (got - want).norm() <= 1e-4 * want.norm(), name
+
+
 def test_a_step_returns_its_loss_and_the_bytes_it_held():
     model, batch = toy.model("revgru", "emb+slice", dropout=0.0), toy.batch()
     result = model.train_step(*batch, normalizer=1.0)
@@ -61,8 +74,9 @@ def test_decoder_saved_bytes_do_not_grow_with_target_length():
         return meter.peak_bytes
 
     # Nothing per step but the padding mask of the target (one byte per token, like the ids). The
-    # input projection's chunk grows with the length up to PROJECTION_STEPS, so both lengths exceed it.
-    short, long = PROJECTION_STEPS + 4, 3 * PROJECTION_STEPS + 4
+    # chunks of steps grow with the length up to their size, so both lengths exceed it.
+    chunk = max(PROJECTION_STEPS, model.cfg.decoder_chunk_steps)
+    short, long = chunk + 4, 3 * chunk + 4
     assert 0 <= peak(long) - peak(short) <= 2 * (long - short)
 
 

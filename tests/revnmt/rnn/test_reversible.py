@@ -35,7 +35,7 @@ def _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice):
     rnn.zero_grad()
     inputs = TensorInput(x)
     tape = rnn.forward_sweep(inputs, mask)
-    init_grads = rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grad=lambda t, out: w_out[t],
+    init_grads = rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grads=lambda s, out: w_out[s],
                                     slice_grad=w_slice)
     grads = {n: p.grad.clone() for n, p in rnn.named_parameters()}
     return grads, inputs.grad, init_grads, tape
@@ -72,6 +72,37 @@ def test_reversal_gradients_match_backprop(cell, layers, steps, backend):
     for name in ref:
         _assert_close(rev[name], ref[name])
     _assert_close(rev_x, ref_x)
+
+
+@pytest.mark.parametrize("backend", _STEP_BACKENDS)
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+@pytest.mark.parametrize("chunk_steps", [1, 3, 4])
+def test_chunked_reverse_gradients_match_backprop(cell, chunk_steps, backend):
+    # 10 steps: the last chunk is partial for 3 and 4; two layers with dropout between them
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 10, dropout=0.5, chunk_steps=chunk_steps,
+                                                   buffer_backend=backend)
+    rnn.train()
+    rev, rev_x, _, tape = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    ref, ref_x = _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice, dropout=tape.dropout)
+    for name in ref:
+        _assert_close(rev[name], ref[name])
+    _assert_close(rev_x, ref_x)
+
+
+def test_chunked_reverse_asks_for_each_chunks_output_gradients_once():
+    rnn, x, mask, w_out, *_ = _problem("revgru", 2, 10, chunk_steps=4)
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask)
+    out, *_ = rnn.forward_autograd(x, mask)
+    asked = []
+
+    def output_grads(steps, outs):
+        asked.append(steps)
+        assert torch.equal(outs, out[steps].detach())  # the exact outputs of the chunk's steps
+        return w_out[steps]
+
+    rnn.backward_sweep(tape, inputs, output_grads=output_grads)
+    assert asked == [slice(8, 10), slice(4, 8), slice(0, 4)]
 
 
 @pytest.mark.parametrize("backend", _STEP_BACKENDS)
@@ -245,7 +276,7 @@ def _sweep_host_reads(cell, steps, device, watch=contextlib.nullcontext, **buffe
     with watch(), _HostReads() as forward:
         tape = rnn.forward_sweep(inputs, mask)
     with watch(), _HostReads() as backward:
-        rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grad=lambda t, out: w_out[t], slice_grad=w_slice)
+        rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grads=lambda s, out: w_out[s], slice_grad=w_slice)
     return forward.count, backward.count, tape.buffer.syncs
 
 

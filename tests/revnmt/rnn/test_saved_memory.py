@@ -23,7 +23,7 @@ def _peak_saved(rnn, steps, reversal):
     with SavedTensorMeter(exclude=[*rnn.parameters(), mask, x]) as meter:
         if reversal:
             inputs = TensorInput(x)
-            rnn.backward_sweep(rnn.forward_sweep(inputs, mask), inputs, output_grad=lambda t, out: w[t])
+            rnn.backward_sweep(rnn.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])
         else:
             out, *_ = rnn.forward_autograd(x, mask)
             (out * w).sum().backward()
@@ -79,26 +79,31 @@ _KERNEL_SCRATCH = {("numba", "revgru"): 4 + 8 + 8 + 21, ("numba", "revlstm"): 6 
                    ("torch", "revgru"): 0, ("torch", "revlstm"): 0}
 
 
+@pytest.mark.parametrize("method", ["reverse_diff", "reverse_int", "backward_step"])
 @pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_reverse_step_working_set_is_within_its_accounting(cell, backend):
+def test_reverse_step_working_set_is_within_its_accounting(cell, backend, method):
     batch, rnn = 16, ReversibleRNN(cell, 24, 40, slice_dim=6, buffer_backend=backend)
     steps = 3
     x, mask = torch.randn(steps, batch, 24), torch.ones(steps, batch, dtype=torch.bool)
     tape = rnn.forward_sweep(TensorInput(x), mask)
     layer, peaks = rnn.cells[0], []
-    reverse_diff = layer.reverse_diff
+    step = getattr(layer, method)
 
     def metered(*args, **kwargs):
         with _LiveTensorMeter() as meter:
-            result = reverse_diff(*args, **kwargs)
+            result = step(*args, **kwargs)
         peaks.append(meter.peak)
         return result
 
-    layer.reverse_diff = metered
+    setattr(layer, method, metered)
     for param in rnn.parameters():  # parameter gradients are not the step's working set
         param.grad = torch.zeros_like(param)
-    rnn.backward_sweep(tape, TensorInput(x), output_grad=lambda t, out: torch.ones_like(out))
+    if method == "reverse_diff":  # a sweep without output gradients reverses and backpropagates in one step
+        rnn.backward_sweep(tape, TensorInput(x), grad_final=[torch.ones(batch, rnn.state_size)])
+    else:  # with them, it reverses a chunk, then backpropagates it
+        rnn.backward_sweep(tape, TensorInput(x), output_grads=lambda s, out: torch.ones_like(out))
+    assert len(peaks) == steps
     assert 0 < max(peaks) + batch * layer.half * _KERNEL_SCRATCH[backend, cell] <= layer.reverse_work_bytes(batch)
 
 
@@ -110,5 +115,6 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     chunk = RecurrentGrads(rnn.cells[1], batch, WEIGHT_GRAD_STEPS, torch.device("cpu"))
     held = RecurrentGrads.held_bytes(rnn.cells[1], batch, WEIGHT_GRAD_STEPS)
     assert chunk.grad_pre.nbytes + chunk.inputs.nbytes == held
-    without = InputProjection.held_bytes(rnn.cells[0], batch) + max(c.reverse_work_bytes(batch) for c in rnn.cells)
+    without = (InputProjection.held_bytes(rnn.cells[0], batch, rnn.chunk_steps)
+               + max(c.reverse_work_bytes(batch) for c in rnn.cells))
     assert rnn.work_bytes(batch) == without + 2 * held
