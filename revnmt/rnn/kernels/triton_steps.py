@@ -241,9 +241,9 @@ def _pop_walk(KIND: tl.constexpr, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, r
 
 @triton.jit
 def _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
-    """The live slab of words and the stack height, as a walk starts."""
+    """The live slab of words, the stack height and the error code (none yet), as a walk starts."""
     lane = tl.arange(0, LANE_BLOCK)
-    return tl.load(curr_ptr + lane, mask=lane < lane_rows * lanes, other=0), tl.load(top_ptr)
+    return tl.load(curr_ptr + lane, mask=lane < lane_rows * lanes, other=0), tl.load(top_ptr), tl.full([], 0, tl.int32)
 
 
 @triton.jit
@@ -276,11 +276,11 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
                      batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy."""
-    cur, top = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
     cur, top, lost, status = _push_walk(GRU, h_ptr, h_rs, out_ptr, out_rs, float_ptr, pre_g_ptr, pre_g_rs, p_g_ptr,
                                         p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr, flags_ptr, lost_table_ptr,
-                                        cur, top, 0, batch, half, stored, lane_rows, lanes, first_flag, min_numerator,
-                                        slope, LANE_BLOCK, ELEMENT_BLOCK, True)
+                                        cur, top, status, batch, half, stored, lane_rows, lanes, first_flag,
+                                        min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, True)
     tl.store(lost_ptr, lost)
     _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
 
@@ -294,10 +294,10 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
     """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
     backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``."""
     if POP:
-        cur, top = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
         cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, restore_rs, pre_g_ptr,
                                      pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr, flags_ptr,
-                                     cur, top, 0, batch, half, stored, lane_rows, lanes, first_flag, min_numerator,
+                                     cur, top, status, batch, half, stored, lane_rows, lanes, first_flag, min_numerator,
                                      slope, LANE_BLOCK, ELEMENT_BLOCK)
         _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
         tl.debug_barrier()  # the derivative reads what other threads popped
@@ -339,10 +339,10 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_
                       LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevLSTM's half update: c ← f·c + i·g, then h ← p·h + o·tanh(new c) and its float copy. The bits
     destroyed go to ``lost`` [2] (c's, h's)."""
-    cur, top = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
     cur, top, lost, status = _push_walk(LSTM_CELL, c_ptr, c_rs, out_c_ptr, out_rs, float_ptr, pre_ptr, pre_rs,
                                         proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
-                                        lost_table_ptr, cur, top, 0, batch, half, 0, lane_rows, lanes, flag_c,
+                                        lost_table_ptr, cur, top, status, batch, half, 0, lane_rows, lanes, flag_c,
                                         min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, False)
     tl.store(lost_ptr, lost)
     tl.debug_barrier()  # h's terms read the new cell that other threads wrote
@@ -363,11 +363,11 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, pr
     """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
     backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``."""
     if POP:
-        cur, top = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
         cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, restore_ptr, restore_rs,
                                      pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
-                                     cur, top, 0, batch, half, stored, lane_rows, lanes, flag_h, min_numerator, slope,
-                                     LANE_BLOCK, ELEMENT_BLOCK)
+                                     cur, top, status, batch, half, stored, lane_rows, lanes, flag_h, min_numerator,
+                                     slope, LANE_BLOCK, ELEMENT_BLOCK)
         cur, top, status = _pop_walk(LSTM_CELL, c_ptr, c_rs, prev_c_ptr, prev_c_rs, restore_ptr, restore_rs,
                                      pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
                                      cur, top, status, batch, half, 0, lane_rows, lanes, flag_c, min_numerator, slope,
