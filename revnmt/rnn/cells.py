@@ -98,9 +98,9 @@ class RevCell(nn.Module):
 
     groups_per_half = 1
     #: [B, half]-sized float32 temporaries alive at once in :meth:`reverse_diff`: the step's working
-    #: set, which autograd never sees since the step is differentiated by hand. Measured peaks at 300
-    #: units are 24 (GRU) and 36 (LSTM), plus about 5 for the scratch of the buffer's compiled pops;
-    #: tests/revnmt/rnn/test_saved_memory.py checks the bound.
+    #: set, which autograd never sees since the step is differentiated by hand. The bound covers the
+    #: torch reference's peak and the fused kernels' (their numpy scratch included);
+    #: tests/revnmt/rnn/test_saved_memory.py checks it for both.
     reverse_temporaries = 30
 
     def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None) -> None:
@@ -166,6 +166,10 @@ class RevCell(nn.Module):
 
     def _half_projection(self, p: torch.Tensor, i: int) -> torch.Tensor:
         return p.chunk(2, 1)[i]
+
+    def _half_start(self, i: int) -> int:
+        """The first column of half i's gates in a projection (:meth:`_half_projection`)."""
+        return i * self.project_width // 2
 
     def _group(self, buf, mask, guard) -> _Group:
         return _Group(self.max_forget_bits, buf, mask, guard)
@@ -326,17 +330,18 @@ class RevGRUCell(RevCell):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
+    @torch.no_grad()
     def _forward_fused(self, kernels: StepKernels, p, state, buf, mask, stored) -> torch.Tensor:
         """:meth:`forward_int` with a buffer, by fused kernels: per half the z, r product, the gates
         kernel, the g product and the update kernel (which also makes the float copy the next half reads)."""
         h, out = self._split(state), torch.empty_like(state)
         read = to_float(h[1])
         for i, new in zip((0, 1), self._split(out)):
-            p_zr, p_g = self._half_projection(p, i).split([2 * self.half, self.half], 1)
+            col = self._half_start(i)
             rh = torch.empty_like(read)
-            s = kernels.gru_gates(torch.mm(read, self._recurrent_weight(self.zr[i]).t()), p_zr, read, rh)
-            read = kernels.gru_push(buf, h[i], torch.mm(rh, self._recurrent_weight(self.g[i]).t()), p_g, s, mask,
-                                    self._stored(i, stored), self.max_forget_bits, new)
+            s = kernels.gru_gates(torch.mm(read, self._recurrent_weight(self.zr[i]).t()), p, col, read, rh)
+            read = kernels.gru_push(buf, h[i], torch.mm(rh, self._recurrent_weight(self.g[i]).t()), p,
+                                    col + 2 * self.half, s, mask, self._stored(i, stored), self.max_forget_bits, new)
         return out
 
     def _reverse_half(self, i, p, ints, grads, grp, restore, prevs, slot):
@@ -367,18 +372,16 @@ class RevGRUCell(RevCell):
         read = to_float(ints[1 - i])
         rh = torch.empty_like(read)
         w_zr, w_g = self._recurrent_weight(self.zr[i]), self._recurrent_weight(self.g[i])
-        p_zr, p_g = self._half_projection(p, i).split([2 * self.half, self.half], 1)
-        s = kernels.gru_gates(torch.mm(read, w_zr.t()), p_zr, read, rh)
+        col = self._half_start(i)
+        s = kernels.gru_gates(torch.mm(read, w_zr.t()), p, col, read, rh)
         pre_g = torch.mm(rh, w_g.t())
         prev = None if prevs is None else prevs[i]
+        grad_pre = None if grads is None else self._half_projection(slot[0], i)
+        grad_z, grad_r, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
+        ints[i] = kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits,
+                                      restore, prev, None if grads is None else grads[i], grad_z, grad_g)
         if grads is None:
-            ints[i] = kernels.gru_reverse(buf, ints[i], pre_g, p_g, s, mask, self.max_forget_bits, restore, prev,
-                                          None, None, None)
             return
-        grad_pre = self._half_projection(slot[0], i)
-        grad_z, grad_r, grad_g = grad_pre.split(self.half, 1)
-        ints[i] = kernels.gru_reverse(buf, ints[i], pre_g, p_g, s, mask, self.max_forget_bits, restore, prev,
-                                      grads[i], grad_z, grad_g)
         kernels.gru_read_grad(torch.mm(grad_g, w_g), read, s, grad_r, grads[1 - i])
         grads[1 - i].addmm_(grad_pre[:, : 2 * self.half], w_zr)
         read_slot, rh_slot = slot[1].chunk(4, 1)[2 * i: 2 * i + 2]
@@ -437,6 +440,7 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
+    @torch.no_grad()
     def _forward_fused(self, kernels: StepKernels, proj, state, buf, mask, stored) -> torch.Tensor:
         """:meth:`forward_int` with a buffer, by fused kernels: per half one product and one kernel."""
         ints, out = self._split(state), torch.empty_like(state)
@@ -444,7 +448,7 @@ class RevLSTMCell(RevCell):
         read = to_float(ints[1])
         for i in (0, 1):
             pre = torch.mm(read, self._recurrent_weight(self.gates[i]).t())
-            read = kernels.lstm_push(buf, ints[i], ints[2 + i], pre, self._half_projection(proj, i), mask,
+            read = kernels.lstm_push(buf, ints[i], ints[2 + i], pre, proj, self._half_start(i), mask,
                                      self._stored(i, stored), self.max_forget_bits, new[i], new[2 + i])
         return out
 
@@ -485,7 +489,7 @@ class RevLSTMCell(RevCell):
         grad = None if grads is None else (grads[h], grads[c])
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
         ints[h], ints[c] = kernels.lstm_reverse(buf, ints[h], ints[c], torch.mm(read, w.t()),
-                                                self._half_projection(proj, i), mask, self.max_forget_bits, restore,
+                                                proj, self._half_start(i), mask, self.max_forget_bits, restore,
                                                 prev, grad, grad_pre)
         if grads is not None:
             grads[1 - i].addmm_(grad_pre, w)

@@ -29,8 +29,9 @@ from buffers import InformationBuffer
 class StepKernels(ABC):
     """Elementwise kernels of one half-step, on tensors of one device (``B`` rows, ``H`` = half units).
 
-    Conventions: ``pre*`` are recurrent products (float [B, k·H]) and ``p*`` the matching columns of
-    the input projection, which the kernels add; ``max_bits`` is the forget limit
+    Conventions: ``pre*`` are recurrent products (float [B, k·H]) and ``p[:, col:]`` the matching
+    columns of the step's input projection ``p``, which the kernels add (``p`` whole rather than a
+    column slice: a contiguous array lets a compiled loop vectorize); ``max_bits`` is the forget limit
     (``buffers.restrict_forget``, ``quantize_forget``); ``mask`` bool [B] marks live rows. Pushes and pops go through
     ``buf`` as :meth:`InformationBuffer.push_update` would, in the same order (RevLSTM: c then h).
     In the reverse kernels ``prev=None`` pops the previous half from ``buf`` (and writes ``restore``,
@@ -43,19 +44,20 @@ class StepKernels(ABC):
     name: str
 
     @abstractmethod
-    def gru_gates(self, pre_zr: torch.Tensor, p_zr: torch.Tensor, read: torch.Tensor,
+    def gru_gates(self, pre_zr: torch.Tensor, p: torch.Tensor, col: int, read: torch.Tensor,
                   rh: torch.Tensor) -> torch.Tensor:
         """σ of [z | r] (z before its limit), returned [B, 2H], and r·h_j written into ``rh``."""
 
     @abstractmethod
-    def gru_push(self, buf: InformationBuffer, h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor,
+    def gru_push(self, buf: InformationBuffer, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor, col: int,
                  s: torch.Tensor, mask: torch.Tensor, stored: int, max_bits: int | None,
                  out: torch.Tensor) -> torch.Tensor:
-        """h ← z·h + (1 − z)·tanh(pre_g + p_g) into ``out`` (int32), its first ``stored`` columns
+        """h ← z·h + (1 − z)·tanh(pre_g + p[:, col:]) into ``out`` (int32), its first ``stored`` columns
         unbuffered; returns the float copy of the new half."""
 
     @abstractmethod
-    def gru_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor,
+    def gru_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor,
+                    col: int,
                     s: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
                     prev: torch.Tensor | None, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
                     grad_g: torch.Tensor | None) -> torch.Tensor:
@@ -70,13 +72,13 @@ class StepKernels(ABC):
 
     @abstractmethod
     def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
-                  proj: torch.Tensor, mask: torch.Tensor, stored: int, max_bits: int | None, out_h: torch.Tensor,
+                  p: torch.Tensor, col: int, mask: torch.Tensor, stored: int, max_bits: int | None, out_h: torch.Tensor,
                   out_c: torch.Tensor) -> torch.Tensor:
         """c ← f·c + i·g, then h ← p·h + o·tanh(new c), into ``out_c``, ``out_h``; returns the float new h."""
 
     @abstractmethod
     def lstm_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
-                     proj: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
+                     p: torch.Tensor, col: int, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
                      prev: tuple[torch.Tensor, torch.Tensor] | None,
                      grad: tuple[torch.Tensor, torch.Tensor] | None,
                      grad_pre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,17 +11,17 @@ and :func:`~buffers.backends.numba_loops.pop_terms`, so the words are those of t
 
 Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
 forward's bit for bit. Both kernels take their gates from the same inlined helpers
-(:func:`_gru_terms`, :func:`_lstm_gates`), in float32, with fastmath off (no reassociation, no
-contraction into fused multiply-adds) and no vectorized math library, so that ``exp`` and ``tanh``
-are the same scalar libm calls wherever they are inlined. (numba vectorizes a transcendental only
-through Intel SVML, see :func:`svml_in_use`; the tests check the forward and reverse gates agree.)
-The gates are not those of the torch reference to the last ulp, so the numba backend's states are
-its own; its reverse is exact all the same.
+(:func:`_tanh`, :func:`_sigmoid`), which are float32 multiplies, adds and one division and call no
+math library: with fastmath off (no reassociation, no contraction into fused multiply-adds) each
+of those operations is correctly rounded, so the result is the same bit for bit whether LLVM
+vectorizes a loop or not, in whichever kernel it is inlined. The gates are not those of the torch
+reference to the last ulp, so the numba backend's states are its own; its reverse is exact all
+the same (the tests check both, and that the integer part matches the torch backend's given the
+same gate values).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import njit
@@ -41,18 +41,52 @@ _TO_FLOAT = np.float32(2.0 ** -HIDDEN_RADIX)  # to_float: int32 → float32 (rou
 _PER_NUMERATOR = np.float32(1.0 / FORGET_ONE)
 
 
-def svml_in_use() -> bool:
-    """Whether numba vectorizes math through Intel SVML (then exp/tanh could round differently in
-    two kernels); the fused kernels need it off."""
-    return bool(numba.config.USING_SVML)
-
-
 # ---------------------------------------------------------------------------- shared elementwise helpers
+
+
+# tanh(x) ≈ x·P(x²)/Q(x²) on [−c, c] (Eigen's float32 rational fit; tanh(±c) rounds to ±1 within a few
+# ulp). It is multiplies, adds and one division, so LLVM vectorizes it: a libm tanhf call per element
+# cost more than the rest of the step. Error a few ulp of float32, below the fixed point's 2^-23.
+_TANH_CLAMP = np.float32(7.90531110763549805)
+_A1, _A3, _A5, _A7, _A9, _A11, _A13 = (np.float32(v) for v in (
+    4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
+    -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16))
+_B0, _B2, _B4, _B6 = (np.float32(v) for v in (
+    4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06))
+_HALF = np.float32(0.5)
+
+
+@njit(inline="always", **_JIT)
+def _tanh(x: np.float32) -> np.float32:
+    x = min(max(x, -_TANH_CLAMP), _TANH_CLAMP)
+    x2 = x * x
+    p = x2 * (x2 * (x2 * (x2 * (x2 * (x2 * _A13 + _A11) + _A9) + _A7) + _A5) + _A3) + _A1
+    return x * p / (x2 * (x2 * (x2 * _B6 + _B4) + _B2) + _B0)
 
 
 @njit(inline="always", **_JIT)
 def _sigmoid(x: np.float32) -> np.float32:
-    return _ONE / (_ONE + np.exp(-x))
+    return _HALF + _HALF * _tanh(_HALF * x)
+
+
+@njit(inline="always", **_JIT)
+def _sigmoid_columns(pre: np.ndarray, p: np.ndarray, col: int, start: int, stop: int, out: np.ndarray) -> None:
+    """out[:, start:stop] = σ(pre + p[:, col:]) over those columns. Kept a plain loop over contiguous
+    rows (``p`` whole, sliced per row, rather than a strided 2-D slice) indexed from 0, so that it
+    vectorizes: an index that might be negative costs a wraparound test per element, and no vectors."""
+    for b in range(pre.shape[0]):
+        row, p_row, out_row = pre[b, start:stop], p[b, col + start: col + stop], out[b, start:stop]
+        for k in range(stop - start):
+            out_row[k] = _sigmoid(row[k] + p_row[k])
+
+
+@njit(inline="always", **_JIT)
+def _tanh_columns(pre: np.ndarray, p: np.ndarray, col: int, start: int, stop: int, out: np.ndarray) -> None:
+    """:func:`_sigmoid_columns` with tanh."""
+    for b in range(pre.shape[0]):
+        row, p_row, out_row = pre[b, start:stop], p[b, col + start: col + stop], out[b, start:stop]
+        for k in range(stop - start):
+            out_row[k] = _tanh(row[k] + p_row[k])
 
 
 @njit(inline="always", **_JIT)
@@ -67,21 +101,19 @@ def _restrict(s: np.float32, slope: np.float32) -> np.float32:
 
 
 @njit(inline="always", **_JIT)
-def _gru_terms(sz: np.float32, a_g: np.float32, slope: np.float32) -> tuple[np.float32, np.float32, np.float32]:
-    """(z, u, g) of RevGRU from σ(z's pre-activation) and g's pre-activation: z limited, u = (1 − z)·g."""
-    g = np.tanh(a_g)
+def _gru_terms(sz: np.float32, g: np.float32, slope: np.float32) -> tuple[np.float32, np.float32]:
+    """(z, u) of RevGRU from σ(z's pre-activation) and g: z limited, u = (1 − z)·g."""
     z = _restrict(sz, slope)
-    return z, (_ONE - z) * g, g
+    return z, (_ONE - z) * g
 
 
 @njit(inline="always", **_JIT)
-def _lstm_gates(pre: np.ndarray, proj: np.ndarray, b: int, j: int, half: int
-                ) -> tuple[np.float32, np.float32, np.float32, np.float32, np.float32]:
-    """σ(f), tanh(g), σ(i), σ(o), σ(p) of RevLSTM's unit j (columns [f | g | i | o | p], each ``half``)."""
-    return (_sigmoid(pre[b, j] + proj[b, j]), np.tanh(pre[b, half + j] + proj[b, half + j]),
-            _sigmoid(pre[b, 2 * half + j] + proj[b, 2 * half + j]),
-            _sigmoid(pre[b, 3 * half + j] + proj[b, 3 * half + j]),
-            _sigmoid(pre[b, 4 * half + j] + proj[b, 4 * half + j]))
+def _lstm_gates(pre: np.ndarray, p: np.ndarray, col: int, acts: np.ndarray) -> None:
+    """σ(f), tanh(g), σ(i), σ(o), σ(p) of RevLSTM's half into ``acts`` [B, 5H] (columns [f | g | i | o | p])."""
+    half = pre.shape[1] // 5
+    _sigmoid_columns(pre, p, col, 0, half, acts)
+    _tanh_columns(pre, p, col, half, 2 * half, acts)
+    _sigmoid_columns(pre, p, col, 2 * half, 5 * half, acts)
 
 
 @njit(inline="always", **_JIT)
@@ -103,6 +135,15 @@ def _backward_update(grad: np.float32, zq: np.int64, live: bool) -> tuple[np.flo
     return grad, np.float32(0.0)
 
 
+@njit(inline="always", **_JIT)
+def _tanh_of_fixed(ints: np.ndarray, out: np.ndarray) -> None:
+    """out = tanh(to_float(ints)), row by row so that it vectorizes (see :func:`_sigmoid_columns`)."""
+    for b in range(ints.shape[0]):
+        row, out_row = ints[b], out[b]
+        for j in range(ints.shape[1]):
+            out_row[j] = _tanh(_to_float(row[j]))
+
+
 @njit(**_JIT)
 def _write_float(ints: np.ndarray, out: np.ndarray) -> None:
     for b in range(ints.shape[0]):
@@ -111,32 +152,34 @@ def _write_float(ints: np.ndarray, out: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------------------- RevGRU
+# ``p`` is the step's whole input projection and ``col`` the first column of the gates at hand.
 
 
 @njit(**_JIT)
-def gru_gates(pre_zr: np.ndarray, p_zr: np.ndarray, read: np.ndarray, s: np.ndarray, rh: np.ndarray) -> None:
-    """s = σ(pre_zr + p_zr) ([z | r]) and rh = r·read, the input of g's product."""
+def gru_gates(pre_zr: np.ndarray, p: np.ndarray, col: int, read: np.ndarray, s: np.ndarray, rh: np.ndarray) -> None:
+    """s = σ(pre_zr + p[:, col:]) ([z | r]) and rh = r·read, the input of g's product."""
     rows, half = read.shape
+    _sigmoid_columns(pre_zr, p, col, 0, 2 * half, s)
     for b in range(rows):
-        for j in range(2 * half):
-            s[b, j] = _sigmoid(pre_zr[b, j] + p_zr[b, j])
         for j in range(half):
             rh[b, j] = s[b, half + j] * read[b, j]
 
 
 @njit(**_JIT)
-def gru_push(h: np.ndarray, pre_g: np.ndarray, p_g: np.ndarray, s: np.ndarray, rows_mask: np.ndarray, stored: int,
-             slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
+def gru_push(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
+             stored: int, slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
              flags: np.ndarray, first_flag: int, word_limit: int, out: np.ndarray,
              out_float: np.ndarray) -> tuple[int, float]:
     """RevGRU's half update into ``out`` and ``out_float``; returns (status, bits destroyed)."""
     rows, half = h.shape
+    g = np.empty((rows, half), np.float32)
+    _tanh_columns(pre_g, p, col, 0, half, g)
     zq = np.empty((rows, half), np.int64)
     ui = np.empty((rows, half), np.int64)
     status = OK
     for b in range(rows):
         for j in range(half):
-            z, u, _ = _gru_terms(s[b, j], pre_g[b, j] + p_g[b, j], slope)
+            z, u = _gru_terms(s[b, j], g[b, j], slope)
             if _set_terms(zq, ui, b, j, z, u, rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
     pushed, lost = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, word_limit, out)
@@ -145,22 +188,21 @@ def gru_push(h: np.ndarray, pre_g: np.ndarray, p_g: np.ndarray, s: np.ndarray, r
 
 
 @njit(**_JIT)
-def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p_g: np.ndarray, s: np.ndarray, rows_mask: np.ndarray,
+def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
                 slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
                 stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, prev: np.ndarray,
                 diff: bool, grad: np.ndarray, grad_z: np.ndarray, grad_g: np.ndarray) -> int:
     """Recompute :func:`gru_push`'s gates; with ``pop``, pop the previous half into ``prev`` (its first
     columns from ``restore``); with ``diff``, backpropagate (``grad`` in place). Returns the status."""
     rows, half = h.shape
+    g = np.empty((rows, half), np.float32)
+    _tanh_columns(pre_g, p, col, 0, half, g)
     zq = np.empty((rows, half), np.int64)
     ui = np.empty((rows, half), np.int64)
-    zs = np.empty((rows, half), np.float32)
-    gs = np.empty((rows, half), np.float32)
     status = OK
     for b in range(rows):
         for j in range(half):
-            z, u, g = _gru_terms(s[b, j], pre_g[b, j] + p_g[b, j], slope)
-            zs[b, j], gs[b, j] = z, g
+            z, u = _gru_terms(s[b, j], g[b, j], slope)
             if _set_terms(zq, ui, b, j, z, u, rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
     if pop:
@@ -171,9 +213,10 @@ def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p_g: np.ndarray, s: np.ndarray
         for b in range(rows):
             for j in range(half):
                 grad[b, j], grad_u = _backward_update(grad[b, j], zq[b, j], rows_mask[b])
-                z, g, sz = zs[b, j], gs[b, j], s[b, j]
-                grad_g[b, j] = grad_u * (_ONE - z) * (_ONE - g * g)
-                grad_z[b, j] = (grad_u * _to_float(prev[b, j]) - grad_u * g) * slope * sz * (_ONE - sz)
+                sz, gj = s[b, j], g[b, j]
+                z = _restrict(sz, slope)
+                grad_g[b, j] = grad_u * (_ONE - z) * (_ONE - gj * gj)
+                grad_z[b, j] = (grad_u * _to_float(prev[b, j]) - grad_u * gj) * slope * sz * (_ONE - sz)
     return status
 
 
@@ -193,29 +236,30 @@ def gru_read_grad(grad_rh: np.ndarray, read: np.ndarray, s: np.ndarray, grad_r: 
 
 
 @njit(**_JIT)
-def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray, rows_mask: np.ndarray, stored: int,
-              slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
-              flags: np.ndarray, flag_c: int, flag_h: int, word_limit: int, out_h: np.ndarray, out_c: np.ndarray,
-              out_float: np.ndarray) -> tuple[int, float, float]:
+def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col: int, rows_mask: np.ndarray,
+              stored: int, slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray,
+              top: np.ndarray, flags: np.ndarray, flag_c: int, flag_h: int, word_limit: int, out_h: np.ndarray,
+              out_c: np.ndarray, out_float: np.ndarray) -> tuple[int, float, float]:
     """RevLSTM's half update: c pushed first, then h (whose term needs tanh of the new c). Returns
     (status, bits destroyed by c, by h)."""
     rows, half = h.shape
+    acts = np.empty((rows, 5 * half), np.float32)
+    _lstm_gates(pre, p, col, acts)
     zq = np.empty((rows, half), np.int64)
     ui = np.empty((rows, half), np.int64)
-    os = np.empty((rows, half), np.float32)
-    ps = np.empty((rows, half), np.float32)
     status = OK
     for b in range(rows):
         for j in range(half):
-            sf, g, ig, o, sp = _lstm_gates(pre, proj, b, j, half)
-            os[b, j], ps[b, j] = o, _restrict(sp, slope)
-            if _set_terms(zq, ui, b, j, _restrict(sf, slope), ig * g, rows_mask[b], min_numerator):
+            f, ig = _restrict(acts[b, j], slope), acts[b, 2 * half + j]
+            if _set_terms(zq, ui, b, j, f, ig * acts[b, half + j], rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
     pushed_c, lost_c = push_terms(c, zq, ui, rows_mask, 0, curr, stack, top, flags, flag_c, word_limit, out_c)
+    tcs = np.empty((rows, half), np.float32)
+    _tanh_of_fixed(out_c, tcs)
     for b in range(rows):
         for j in range(half):
-            if _set_terms(zq, ui, b, j, ps[b, j], os[b, j] * np.tanh(_to_float(out_c[b, j])), rows_mask[b],
-                          min_numerator):
+            o, pz = acts[b, 3 * half + j], _restrict(acts[b, 4 * half + j], slope)
+            if _set_terms(zq, ui, b, j, pz, o * tcs[b, j], rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
     pushed_h, lost_h = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, flag_h, word_limit, out_h)
     _write_float(out_h, out_float)
@@ -223,7 +267,7 @@ def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray, r
 
 
 @njit(**_JIT)
-def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray, rows_mask: np.ndarray,
+def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col: int, rows_mask: np.ndarray,
                  slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
                  stack: np.ndarray, top: np.ndarray, flags: np.ndarray, flag_c: int, flag_h: int,
                  prev_h: np.ndarray, prev_c: np.ndarray, diff: bool, grad_h: np.ndarray, grad_c: np.ndarray,
@@ -231,18 +275,20 @@ def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray
     """Recompute :func:`lstm_push`'s gates; with ``pop``, pop h then c into ``prev_h``, ``prev_c``; with
     ``diff``, backpropagate (``grad_h``, ``grad_c`` in place, gate gradients into ``grad_pre``)."""
     rows, half = h.shape
+    acts = np.empty((rows, 5 * half), np.float32)
+    _lstm_gates(pre, p, col, acts)
+    tcs = np.empty((rows, half), np.float32)
+    _tanh_of_fixed(c, tcs)  # of the new cell, which the new h was made from
     zq_h, ui_h = np.empty((rows, half), np.int64), np.empty((rows, half), np.int64)
     zq_c, ui_c = np.empty((rows, half), np.int64), np.empty((rows, half), np.int64)
-    acts = np.empty((6, rows, half), np.float32)  # σ(f), tanh(g), σ(i), σ(o), σ(p), tanh(new c)
     status = OK
     for b in range(rows):
         for j in range(half):
-            sf, g, ig, o, sp = _lstm_gates(pre, proj, b, j, half)
-            tc = np.tanh(_to_float(c[b, j]))
-            acts[0, b, j], acts[1, b, j], acts[2, b, j], acts[3, b, j], acts[4, b, j], acts[5, b, j] = (
-                sf, g, ig, o, sp, tc)
-            bad_h = _set_terms(zq_h, ui_h, b, j, _restrict(sp, slope), o * tc, rows_mask[b], min_numerator)
-            bad_c = _set_terms(zq_c, ui_c, b, j, _restrict(sf, slope), ig * g, rows_mask[b], min_numerator)
+            tc = tcs[b, j]
+            bad_h = _set_terms(zq_h, ui_h, b, j, _restrict(acts[b, 4 * half + j], slope), acts[b, 3 * half + j] * tc,
+                               rows_mask[b], min_numerator)
+            bad_c = _set_terms(zq_c, ui_c, b, j, _restrict(acts[b, j], slope),
+                               acts[b, 2 * half + j] * acts[b, half + j], rows_mask[b], min_numerator)
             if bad_h or bad_c:
                 status = TERM_OVERFLOW
     if pop:
@@ -254,8 +300,8 @@ def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, proj: np.ndarray
         for b in range(rows):
             live = rows_mask[b]
             for j in range(half):
-                sf, g, ig, o, sp, tc = (acts[0, b, j], acts[1, b, j], acts[2, b, j], acts[3, b, j], acts[4, b, j],
-                                        acts[5, b, j])
+                sf, g, ig = acts[b, j], acts[b, half + j], acts[b, 2 * half + j]
+                o, sp, tc = acts[b, 3 * half + j], acts[b, 4 * half + j], tcs[b, j]
                 grad_h[b, j], grad_uh = _backward_update(grad_h[b, j], zq_h[b, j], live)
                 grad_c[b, j], grad_uc = _backward_update(grad_c[b, j] + grad_uh * o * (_ONE - tc * tc), zq_c[b, j],
                                                          live)
@@ -321,23 +367,23 @@ class NumbaSteps(StepKernels):
 
     name = "numba"
 
-    def gru_gates(self, pre_zr, p_zr, read, rh):
+    def gru_gates(self, pre_zr, p, col, read, rh):
         s = torch.empty_like(pre_zr)
-        gru_gates(pre_zr.numpy(), p_zr.numpy(), read.numpy(), s.numpy(), rh.numpy())
+        gru_gates(pre_zr.numpy(), p.numpy(), col, read.numpy(), s.numpy(), rh.numpy())
         return s
 
-    def gru_push(self, buf, h, pre_g, p_g, s, mask, stored, max_bits, out):
+    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
         words = buf.words
         widths = words.update_widths(h.shape[1], stored)
         first = _reserve(words, [widths])
         new_float = torch.empty(h.shape)
-        status, lost = gru_push(h.numpy(), pre_g.numpy(), p_g.numpy(), s.numpy(), mask.numpy(), stored,
+        status, lost = gru_push(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), stored,
                                 *_limit(max_bits), *word_arrays(words), first, WORD_LIMIT,
                                 out.numpy(), new_float.numpy())
         _record_push(words, status, [(widths, lost)])
         return new_float
 
-    def gru_reverse(self, buf, h, pre_g, p_g, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
         pop, diff = prev is None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
@@ -348,7 +394,7 @@ class NumbaSteps(StepKernels):
         else:
             first, arrays = 0, _no_words()
         grads = (grad.numpy(), grad_z.numpy(), grad_g.numpy()) if diff else (_NO_FLOATS,) * 3
-        status = gru_reverse(h.numpy(), pre_g.numpy(), p_g.numpy(), s.numpy(), mask.numpy(), *_limit(max_bits), pop,
+        status = gru_reverse(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), *_limit(max_bits), pop,
                              _restore_array(restore, h.shape[0]), *arrays, first, prev.numpy(), diff, *grads)
         if pop:
             _record_pops(words, status, groups)
@@ -357,19 +403,19 @@ class NumbaSteps(StepKernels):
     def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
         gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy())
 
-    def lstm_push(self, buf, h, c, pre, proj, mask, stored, max_bits, out_h, out_c):
+    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words
         widths_c, widths_h = words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)
         first = _reserve(words, [widths_c, widths_h])
         new_float = torch.empty(h.shape)
-        status, lost_c, lost_h = lstm_push(h.numpy(), c.numpy(), pre.numpy(), proj.numpy(), mask.numpy(), stored,
+        status, lost_c, lost_h = lstm_push(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), stored,
                                            *_limit(max_bits), *word_arrays(words), first,
                                            first + len(widths_c), WORD_LIMIT, out_h.numpy(), out_c.numpy(),
                                            new_float.numpy())
         _record_push(words, status, [(widths_c, lost_c), (widths_h, lost_h)])
         return new_float
 
-    def lstm_reverse(self, buf, h, c, pre, proj, mask, max_bits, restore, prev, grad, grad_pre):
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
         pop, diff = prev is None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
@@ -380,7 +426,7 @@ class NumbaSteps(StepKernels):
         else:
             groups, first, arrays = [[]], 0, _no_words()
         grads = (grad[0].numpy(), grad[1].numpy(), grad_pre.numpy()) if diff else (_NO_FLOATS,) * 3
-        status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), proj.numpy(), mask.numpy(), *_limit(max_bits), pop,
+        status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), *_limit(max_bits), pop,
                               _restore_array(restore, h.shape[0]), *arrays, first, first + len(groups[0]),
                               prev[0].numpy(), prev[1].numpy(), diff, *grads)
         if pop:
@@ -390,4 +436,4 @@ class NumbaSteps(StepKernels):
 
 NUMBA_STEPS = NumbaSteps()
 
-__all__ = ["NUMBA_STEPS", "NumbaSteps", "svml_in_use"]
+__all__ = ["NUMBA_STEPS", "NumbaSteps"]

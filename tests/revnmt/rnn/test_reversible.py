@@ -56,11 +56,17 @@ def _assert_close(got, want):
     assert cos >= 0.9999 and rel <= 1e-4, f"cos {cos:.7f} rel {rel:.2e}"
 
 
+# The backends whose reverse steps differ: the numba backend's fused kernels (its own gate code) and
+# the torch reference (whose gates the Triton backend shares on CUDA).
+_STEP_BACKENDS = ["numba", "torch"]
+
+
+@pytest.mark.parametrize("backend", _STEP_BACKENDS)
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("steps", [1, 10, 100])
-def test_reversal_gradients_match_backprop(cell, layers, steps):
-    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, layers, steps)
+def test_reversal_gradients_match_backprop(cell, layers, steps, backend):
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, layers, steps, buffer_backend=backend)
     rev, rev_x, _, _ = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
     ref, ref_x = _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice)
     for name in ref:
@@ -68,8 +74,10 @@ def test_reversal_gradients_match_backprop(cell, layers, steps):
     _assert_close(rev_x, ref_x)
 
 
-def test_reversal_with_between_layer_dropout_reuses_the_masks():
-    rnn, x, mask, w_out, w_fin, w_slice = _problem("revlstm", 2, 12, dropout=0.5)
+@pytest.mark.parametrize("backend", _STEP_BACKENDS)
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_reversal_with_between_layer_dropout_reuses_the_masks(cell, backend):
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 12, dropout=0.5, buffer_backend=backend)
     rnn.train()
     rev, rev_x, _, tape = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
     assert tape.dropout[1] is not None and (tape.dropout[1] == 0).any()
@@ -190,17 +198,18 @@ def test_stored_slice_columns_skip_the_buffer():
     assert 0 < bits[0] < bits[1]
 
 
-# The backends the CPU can run: Triton in its interpreter where there is no GPU.
-_CPU_BACKENDS = ["numba", "torch"] + (["triton"] if HAS_TRITON and not HAS_CUDA else [])
+# The backends the CPU can run with the torch reference's steps: Triton in its interpreter where there is no GPU.
+_REFERENCE_STEP_BACKENDS = ["torch"] + (["triton"] if HAS_TRITON and not HAS_CUDA else [])
 
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_every_backend_reverses_identically(cell):
-    # A full sweep forward and back (two layers, padding, a stored slice) through each backend: the
-    # same states, slices and gradients bit for bit, since they compute the same integers from the
-    # same gate values.
+def test_backends_with_the_reference_steps_reverse_identically(cell):
+    # A full sweep forward and back (two layers, padding, a stored slice) through each backend that
+    # runs the cells' torch steps: the same states, slices and gradients bit for bit, since they
+    # compute the same integers from the same gate values. (The numba backend's fused steps compute
+    # their gates with code of their own: test_fused_steps.py compares its integers given equal gates.)
     runs = []
-    for backend in _CPU_BACKENDS:
+    for backend in _REFERENCE_STEP_BACKENDS:
         rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 6, buffer_backend=backend)
         grads, x_grad, init_grads, tape = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
         runs.append((grads, x_grad, init_grads, tape.slices, tape.buffer.optimal_bits()))
