@@ -510,6 +510,12 @@ def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
             torch.zeros(1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.int32, device=device))
 
 
+def _columns(p: torch.Tensor, col: int, pre: torch.Tensor) -> torch.Tensor:
+    """The projection's columns that match the product ``pre`` from column ``col`` on (a view: the kernels
+    take row strides)."""
+    return p[:, col: col + pre.shape[1]]
+
+
 def _limit(max_bits: int | None) -> tuple[int, float]:
     """The forget limit's smallest numerator and slope m (``buffers.forget_multiplier``)."""
     return min_forget_numerator(max_bits), forget_multiplier(max_bits)
@@ -544,23 +550,23 @@ class TritonSteps(StepKernels):
 
     name = "triton"
 
-    def gru_gates(self, pre_zr, p_zr, read, rh):
+    def gru_gates(self, pre_zr, p, col, read, rh):
         s = torch.empty(pre_zr.shape, dtype=pre_zr.dtype, device=pre_zr.device)
-        _gru_gates_op(pre_zr, p_zr, read, s, rh)
+        _gru_gates_op(pre_zr, _columns(p, col, pre_zr), read, s, rh)
         return s
 
-    def gru_push(self, buf, h, pre_g, p_g, s, mask, stored, max_bits, out):
+    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
         words = buf.words
         widths = words.update_widths(h.shape[1], stored)
         words.reserve(len(widths))
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _gru_push_op(h, pre_g, p_g, s, mask, out, new_float, *_word_tensors(words), lost, _lost_table(h.device),
-                     stored, words.pushes, *_limit(max_bits))
+        _gru_push_op(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *_word_tensors(words), lost,
+                     _lost_table(h.device), stored, words.pushes, *_limit(max_bits))
         _record_push(words, [(widths, lost)])
         return new_float
 
-    def gru_reverse(self, buf, h, pre_g, p_g, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
         pop = prev is None
         if pop:
             words = buf.words
@@ -569,8 +575,8 @@ class TritonSteps(StepKernels):
             prev = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         else:
             first, tensors = 0, _no_words(h.device)
-        _gru_reverse_op(h, pre_g, p_g, s, mask, restore, prev, grad, grad_z, grad_g, *tensors, first,
-                        *_limit(max_bits), pop)
+        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, grad, grad_z, grad_g, *tensors,
+                        first, *_limit(max_bits), pop)
         if pop:
             _record_pops(words, groups)
         return prev
@@ -578,19 +584,19 @@ class TritonSteps(StepKernels):
     def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
         _gru_read_grad_op(grad_rh, read, s, grad_r, grad_read)
 
-    def lstm_push(self, buf, h, c, pre, proj, mask, stored, max_bits, out_h, out_c):
+    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words
         widths_c, widths_h = words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)
         words.reserve(len(widths_c) + len(widths_h))
         first = words.pushes
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty(2, dtype=torch.float64, device=h.device)
-        _lstm_push_op(h, c, pre, proj, mask, out_h, out_c, new_float, *_word_tensors(words), lost,
+        _lstm_push_op(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *_word_tensors(words), lost,
                       _lost_table(h.device), stored, first, first + len(widths_c), *_limit(max_bits))
         _record_push(words, [(widths_c, lost[0]), (widths_h, lost[1])])
         return new_float
 
-    def lstm_reverse(self, buf, h, c, pre, proj, mask, max_bits, restore, prev, grad, grad_pre):
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
         pop = prev is None
         if pop:
             words = buf.words
@@ -602,8 +608,8 @@ class TritonSteps(StepKernels):
         else:
             groups, first, tensors = [[]], 0, _no_words(h.device)
         grad_h, grad_c = (None, None) if grad is None else grad
-        _lstm_reverse_op(h, c, pre, proj, mask, restore, *prev, grad_h, grad_c, grad_pre, *tensors, first,
-                         first + len(groups[0]), *_limit(max_bits), pop)
+        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, grad_h, grad_c, grad_pre, *tensors,
+                         first, first + len(groups[0]), *_limit(max_bits), pop)
         if pop:
             _record_pops(words, groups)
         return prev

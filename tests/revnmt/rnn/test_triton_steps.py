@@ -76,11 +76,6 @@ def _mask():
     return torch.tensor([True, True, False, True, True], device=DEVICE)  # a padded row
 
 
-def _columns(width, total):
-    """A [B, width] float slice of a wider tensor, as the projection's columns arrive."""
-    return torch.randn(B, total, device=DEVICE)[:, total - width:]
-
-
 def test_gru_kernels_make_the_torch_references_integers():
     torch.manual_seed(0)
     ours, ref = _buffers()
@@ -89,41 +84,41 @@ def test_gru_kernels_make_the_torch_references_integers():
     states, saved = [h], []
     for t in range(steps):
         read = torch.randn(B, H, device=DEVICE)
-        pre_zr, p_zr, pre_g, p_g = torch.randn(B, 2 * H, device=DEVICE), _columns(2 * H, 5 * H), \
-            torch.randn(B, H, device=DEVICE), _columns(H, 4 * H)
+        # The step's projection p holds both halves' [z | r | g] columns; these are half 1's.
+        pre_zr, pre_g, p = (torch.randn(B, k * H, device=DEVICE) for k in (2, 1, 6))
         pre_zr[:, :H] -= 3  # forget about two bits a column
         rh = torch.empty(B, H, device=DEVICE)
-        s = TRITON_STEPS.gru_gates(pre_zr, p_zr, read, rh)
-        torch.testing.assert_close(s, torch.sigmoid(pre_zr + p_zr))
+        s = TRITON_STEPS.gru_gates(pre_zr, p, 3 * H, read, rh)
+        torch.testing.assert_close(s, torch.sigmoid(pre_zr + p[:, 3 * H: 5 * H]))
         assert torch.equal(rh, s[:, H:] * read)
-        z, u = _gate_terms(GRU, pre_g, p_g, s)
+        z, u = _gate_terms(GRU, pre_g, p[:, 5 * H:], s)
         stored = STORED * (t % 2)  # with and without stored columns
         want = ref.push_update(h, z, u, mask, stored)
         out = torch.empty_like(h)
-        new_float = TRITON_STEPS.gru_push(ours, h, pre_g, p_g, s, mask, stored, MAX_BITS, out)
+        new_float = TRITON_STEPS.gru_push(ours, h, pre_g, p, 5 * H, s, mask, stored, MAX_BITS, out)
         assert torch.equal(out, want) and torch.equal(new_float, to_float(out))
         _assert_same_words(ours, ref)
-        saved.append((pre_g, p_g, s, stored))
+        saved.append((pre_g, p, s, stored))
         h = out
         states.append(h)
     assert int(ours.words.top) > 0  # the slab overflowed: the stack is exercised
     for t in reversed(range(steps)):
-        pre_g, p_g, s, stored = saved[t]
+        pre_g, p, s, stored = saved[t]
         restore = states[t][:, :stored] if stored else None
         grad = torch.randn(B, H, device=DEVICE)
         grad_z, grad_g = torch.empty(B, H, device=DEVICE), torch.empty(B, H, device=DEVICE)
-        z, u = _gate_terms(GRU, pre_g, p_g, s)
+        z, u = _gate_terms(GRU, pre_g, p[:, 5 * H:], s)
         want = ref.pop_update(h, z, u, mask, stored)
         if stored:
             want[:, :stored] = restore
         got_grad = grad.clone()
-        prev = TRITON_STEPS.gru_reverse(ours, h, pre_g, p_g, s, mask, MAX_BITS, restore, None, got_grad, grad_z,
+        prev = TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, None, got_grad, grad_z,
                                         grad_g)
         assert torch.equal(prev, want) and torch.equal(prev, states[t])
         _assert_same_words(ours, ref)
         # The derivative alone, from the given previous half (backward_step), is the same.
         again = grad.clone(), torch.empty_like(grad_z), torch.empty_like(grad_g)
-        TRITON_STEPS.gru_reverse(None, h, pre_g, p_g, s, mask, MAX_BITS, restore, prev, *again)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again)
         assert all(torch.equal(a, b) for a, b in zip(again, (got_grad, grad_z, grad_g)))
         h = prev
     assert ours.is_empty() and ref.is_empty()
@@ -136,7 +131,8 @@ def test_lstm_kernels_make_the_torch_references_integers():
     h, c = (torch.randint(-(1 << 23), 1 << 23, (B, H), dtype=torch.int32, device=DEVICE) for _ in range(2))
     states, saved = [(h, c)], []
     for t in range(steps):
-        pre, proj = torch.randn(B, 5 * H, device=DEVICE), _columns(5 * H, 10 * H)
+        pre, p = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 10 * H, device=DEVICE)  # half 1's columns
+        proj = p[:, 5 * H:]
         pre[:, :H] -= 3  # forget about two bits a column in c, and in h
         pre[:, 4 * H:] -= 3
         stored = STORED * (t % 2)
@@ -146,15 +142,16 @@ def test_lstm_kernels_make_the_torch_references_integers():
         want_h = ref.push_update(h, z_h, u_h, mask, stored)
         out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)  # as the cell's state: [h | c] of one tensor
         out_h, out_c = out.split(H, 1)
-        new_float = TRITON_STEPS.lstm_push(ours, h, c, pre, proj, mask, stored, MAX_BITS, out_h, out_c)
+        new_float = TRITON_STEPS.lstm_push(ours, h, c, pre, p, 5 * H, mask, stored, MAX_BITS, out_h, out_c)
         assert torch.equal(out_c, want_c) and torch.equal(out_h, want_h) and torch.equal(new_float, to_float(out_h))
         _assert_same_words(ours, ref)
-        saved.append((pre, proj, stored))
+        saved.append((pre, p, stored))
         h, c = out_h, out_c
         states.append((h, c))
     assert int(ours.words.top) > 0
     for t in reversed(range(steps)):
-        pre, proj, stored = saved[t]
+        pre, p, stored = saved[t]
+        proj = p[:, 5 * H:]
         restore = states[t][0][:, :stored] if stored else None
         z_h, u_h = _gate_terms(LSTM_HIDDEN, pre, proj, c)
         want_h = ref.pop_update(h, z_h, u_h, mask, stored)
@@ -164,12 +161,13 @@ def test_lstm_kernels_make_the_torch_references_integers():
         want_c = ref.pop_update(c, z_c, u_c, mask)
         grad = torch.randn(B, H, device=DEVICE), torch.randn(B, H, device=DEVICE)
         got_grad, grad_pre = tuple(g.clone() for g in grad), torch.empty(B, 5 * H, device=DEVICE)
-        prev = TRITON_STEPS.lstm_reverse(ours, h, c, pre, proj, mask, MAX_BITS, restore, None, got_grad, grad_pre)
+        prev = TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, None, got_grad,
+                                         grad_pre)
         assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
         assert torch.equal(prev[0], states[t][0]) and torch.equal(prev[1], states[t][1])
         _assert_same_words(ours, ref)
         again, again_pre = tuple(g.clone() for g in grad), torch.empty_like(grad_pre)
-        TRITON_STEPS.lstm_reverse(None, h, c, pre, proj, mask, MAX_BITS, restore, prev, again, again_pre)
+        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, again, again_pre)
         assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
         h, c = prev
     assert ours.is_empty() and ref.is_empty()
@@ -196,9 +194,9 @@ def test_each_kernel_is_one_dispatched_op():
     h = torch.zeros(B, H, dtype=torch.int32, device=DEVICE)
     pre, proj, mask = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 5 * H, device=DEVICE), _mask()
     out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)
-    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, mask, 0, MAX_BITS, *out.split(H, 1))  # builds the device's tables
+    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))  # builds the device's tables
     with _Ops() as ops:
-        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, mask, 0, MAX_BITS, *out.split(H, 1))
+        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))
     assert ops.names == ["revnmt_rnn::triton_lstm_push"]
     assert step_kernels("triton") is TRITON_STEPS
 
