@@ -22,11 +22,12 @@ Exactness. The reverse decodes the buffer with gates it recomputes, so they must
 forward's bit for bit. Every kernel computes a gate with the same ``@triton.jit`` function
 (:func:`_gru_terms`, :func:`_lstm_cell_terms`, :func:`_lstm_hidden_terms`), which Triton inlines,
 and every kernel is compiled with FMA contraction off (``enable_fp_fusion=False``, pinned for every
-launch), so no kernel fuses a product and a sum the others round separately. Divisions are the
-correctly rounded ``div_rn``. ``exp`` is Triton's (on NVIDIA GPUs the hardware's ``ex2.approx``
-after a multiply: deterministic, so the same in every kernel), and tanh is 2σ(2x) − 1 on it, as
-Triton's interpreter cannot run libdevice. The gates are therefore not those of the torch reference
-to the last ulp, so the triton backend's states are its own; its reverse is exact all the same.
+launch), so no kernel fuses a product and a sum that another rounds twice. The activations are the
+numba kernels' rational tanh and σ (:func:`_tanh`), multiplies, adds and a correctly rounded division
+(``div_rn``), no approximate ``exp``: each result is IEEE-rounded, so the kernels compute the same gates
+on a GPU as in Triton's interpreter, and as the numba kernels on the same products. They are not the
+torch reference's to the last ulp, so the states of a run with fused kernels are their own; its
+reverse is exact all the same.
 
 Like the buffer kernels, these run on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests run
 them without a GPU), and each is registered as a torch custom op, so the dispatcher (and a
@@ -62,7 +63,11 @@ from buffers.fixed import HIDDEN_RADIX, forget_multiplier, min_forget_numerator
 from buffers.words import WordStack
 
 from . import StepKernels
+from . import numba_steps as ns
 
+# The rational tanh's float32 constants, as constexprs (fp32 values: the kernels compute in fp32).
+TANH_CLAMP, A1, A3, A5, A7, A9, A11, A13, B0, B2, B4, B6 = (tl.constexpr(float(v)) for v in (
+    ns._TANH_CLAMP, ns._A1, ns._A3, ns._A5, ns._A7, ns._A9, ns._A11, ns._A13, ns._B0, ns._B2, ns._B4, ns._B6))
 TO_FLOAT = tl.constexpr(2.0 ** -HIDDEN_RADIX)  # to_float: int → float32 (rounded), times an exact power of two
 PER_NUMERATOR = tl.constexpr(1.0 / FORGET_ONE.value)  # z*/2^R_Z as a float: exact
 # Which update a walk makes (the gates its lanes compute): RevGRU's h, RevLSTM's c, RevLSTM's h.
@@ -77,14 +82,20 @@ _BLOCK = 1024  # elements per program of the elementwise kernels, and per iterat
 
 
 @triton.jit
-def _sigmoid(x):
-    return tl.div_rn(1.0, 1.0 + tl.exp(-x))
+def _tanh(x):
+    """The numba kernels' tanh (:func:`revnmt.rnn.kernels.numba_steps._tanh`, Eigen's float32 rational fit)
+    in the same order of operations: multiplies, adds and one correctly rounded division, so every result is
+    IEEE-rounded and the interpreter, the GPU and the CPU loops agree on it. Clamped with comparisons,
+    which leave a NaN a NaN (a range error later), where ``minimum``/``maximum`` may drop it."""
+    x = tl.where(x > TANH_CLAMP, TANH_CLAMP, tl.where(x < -TANH_CLAMP, -TANH_CLAMP, x))
+    x2 = x * x
+    p = x2 * (x2 * (x2 * (x2 * (x2 * (x2 * A13 + A11) + A9) + A7) + A5) + A3) + A1
+    return tl.div_rn(x * p, x2 * (x2 * (x2 * B6 + B4) + B2) + B0)
 
 
 @triton.jit
-def _tanh(x):
-    """2σ(2x) − 1: within an ulp of 1 of tanh, saturating cleanly at ±1 (doubling is exact)."""
-    return 2.0 * _sigmoid(2.0 * x) - 1.0
+def _sigmoid(x):
+    return 0.5 + 0.5 * _tanh(0.5 * x)
 
 
 @triton.jit
@@ -110,8 +121,8 @@ def _gru_terms(sz, a_g, slope):
 def _lstm_cell_terms(pre_ptr, proj_ptr, row, row_proj, j, valid, half, slope):
     """RevLSTM's cell update of unit j, columns [f | g | i | o | p] from the product's row ``row`` and the
     projection's ``row_proj``: (z, u, σ(f), tanh(g), σ(i))."""
-    sf = _sigmoid(tl.load(pre_ptr + row + j, mask=valid, other=0.0) + tl.load(proj_ptr + row_proj + j, mask=valid,
-                                                                                other=0.0))
+    sf = _sigmoid(tl.load(pre_ptr + row + j, mask=valid, other=0.0)
+                  + tl.load(proj_ptr + row_proj + j, mask=valid, other=0.0))
     g = _tanh(tl.load(pre_ptr + row + half + j, mask=valid, other=0.0)
               + tl.load(proj_ptr + row_proj + half + j, mask=valid, other=0.0))
     ig = _sigmoid(tl.load(pre_ptr + row + 2 * half + j, mask=valid, other=0.0)

@@ -32,7 +32,16 @@ if HAS_TRITON:
     import triton.language as tl
 
     from revnmt.rnn.kernels import step_kernels
-    from revnmt.rnn.kernels.triton_steps import GRU, LSTM_CELL, LSTM_HIDDEN, TRITON_STEPS, _elements, _terms
+    from revnmt.rnn.kernels.triton_steps import (
+        GRU,
+        LSTM_CELL,
+        LSTM_HIDDEN,
+        TRITON_STEPS,
+        _elements,
+        _sigmoid,
+        _tanh,
+        _terms,
+    )
 
     @triton.jit
     def _terms_kernel(pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, z_ptr, u_ptr, batch, half, slope,
@@ -42,6 +51,13 @@ if HAS_TRITON:
         z, u = _terms(KIND, b, j, ok, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
         tl.store(z_ptr + b * half + j, z, mask=ok)
         tl.store(u_ptr + b * half + j, u, mask=ok)
+
+    @triton.jit
+    def _activations_kernel(x_ptr, tanh_ptr, sigmoid_ptr, BLOCK: tl.constexpr):
+        k = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + k)
+        tl.store(tanh_ptr + k, _tanh(x))
+        tl.store(sigmoid_ptr + k, _sigmoid(x))
 
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -171,6 +187,27 @@ def test_lstm_kernels_make_the_torch_references_integers():
         assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
         h, c = prev
     assert ours.is_empty() and ref.is_empty()
+
+
+def test_activations_are_the_numba_kernels_bit_for_bit():
+    # IEEE-rounded multiplies, adds and division in the same order: the same floats on any device.
+    from numba import njit
+
+    from revnmt.rnn.kernels import numba_steps
+
+    @njit
+    def numba_acts(x, t, s):
+        for k in range(x.shape[0]):
+            t[k], s[k] = numba_steps._tanh(x[k]), numba_steps._sigmoid(x[k])
+
+    x = torch.cat([torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0]), torch.linspace(-12, 12, 4092),
+                   torch.randn(4096) * 1e-3])  # a power of two in all
+    want = torch.empty_like(x), torch.empty_like(x)
+    numba_acts(x.numpy(), *(w.numpy() for w in want))
+    got = torch.empty_like(x, device=DEVICE), torch.empty_like(x, device=DEVICE)
+    _activations_kernel[(1,)](x.to(DEVICE), *got, BLOCK=x.numel())
+    assert all(torch.equal(g.cpu().nan_to_num(7.0), w.nan_to_num(7.0)) for g, w in zip(got, want))
+    assert got[0][0].isnan() and got[1][0].isnan()  # a NaN stays one (the update reports it)
 
 
 class _Ops(TorchDispatchMode):
