@@ -5,6 +5,7 @@ the shapes are small.
 - Given the same gates, the kernels make the integers the torch reference makes: the tests take z and u
   from the kernels' own gate functions (a test kernel calls them) and push them through the torch
   buffer, against the fused kernels on a triton buffer: new states, words, popped states.
+- The activations are the numba kernels' bit for bit, and every kernel is one dispatched op.
 - A sweep forward and back with ``buffer_backend="triton"`` is exact and its gradients match autograd
   through the same fixed-point model.
 - The kernels compile ahead of time for sm_80 and sm_90, in a process without the interpreter.
@@ -64,11 +65,11 @@ DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 B, H, STORED, MAX_BITS = 5, 6, 2, 3
 
 
-def _gate_terms(kind, pre, proj, aux, half=H):
+def _gate_terms(kind, pre, proj, aux):
     """(z, u) of update ``kind`` from the kernels' own gate functions."""
-    z, u = (torch.empty(B, half, device=DEVICE) for _ in range(2))
-    _terms_kernel[(1,)](pre, pre.stride(0), proj, proj.stride(0), aux, aux.stride(0), z, u, B, half,
-                        forget_multiplier(MAX_BITS), KIND=kind, BLOCK=triton.next_power_of_2(B * half))
+    z, u = (torch.empty(B, H, device=DEVICE) for _ in range(2))
+    _terms_kernel[(1,)](pre, pre.stride(0), proj, proj.stride(0), aux, aux.stride(0), z, u, B, H,
+                        forget_multiplier(MAX_BITS), KIND=kind, BLOCK=triton.next_power_of_2(B * H))
     return z, u
 
 
