@@ -11,9 +11,9 @@ autograd. The median of several timed repetitions after a warm-up is reported; t
 repetitions alternate.
 
 ``--breakdown`` also profiles the reversal step (cProfile, CPU) and splits its time into matrix
-products, the buffer's compiled loops and everything else (small tensor ops, Python). cProfile
-slows every Python call, so the step takes longer under it and "everything else" is inflated;
-the products' and loops' times are those of the calls themselves.
+products, the compiled loops (the buffer's and the fused steps') and everything else (small tensor
+ops, Python). cProfile slows every Python call, so the step takes longer under it and "everything
+else" is inflated; the products' and loops' times are those of the calls themselves.
 
 ``--batch-sizes`` times the step at every batch size instead of ``--batch`` and prints training tokens
 per second (batch × T per step) of both layers and how each scales from the first batch size: a layer
@@ -106,13 +106,15 @@ _PRODUCTS = ("torch.mm", "torch._C._nn.linear", "'addmm_'", "'addmm'")
 
 
 def profile_breakdown(step, repeats: int) -> dict:
-    """Per-step ms of ``step`` under cProfile: matrix products, compiled buffer loops, the rest."""
+    """Per-step ms of ``step`` under cProfile: matrix products, compiled loops (the buffer's and the fused
+    steps'), the rest."""
     profiler = cProfile.Profile()
     profiler.runcall(lambda: [step() for _ in range(repeats)])
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, prim calls, own time, cumulative, callers)}
     total = sum(own for _, _, own, _, _ in stats.values())
     products = sum(own for (_, _, name), (_, _, own, _, _) in stats.items() if any(p in name for p in _PRODUCTS))
-    loops = sum(own for (file, _, _), (_, _, own, _, _) in stats.items() if file.endswith("numba_loops.py"))
+    loops = sum(own for (file, _, _), (_, _, own, _, _) in stats.items()
+                if file.endswith(("numba_loops.py", "numba_steps.py")))
     per_step = 1000 / repeats
     return {"profiled_step": total * per_step, "matrix_products": products * per_step,
             "buffer_loops": loops * per_step, "other": (total - products - loops) * per_step}
@@ -168,7 +170,7 @@ def main() -> None:
                         help="count the ops every backend dispatches per layer and step instead of timing")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--breakdown", action="store_true",
-                        help="also split the reversal step's time into products, buffer loops and the rest (cProfile)")
+                        help="also split the reversal step's time into products, compiled loops and the rest")
     args = parser.parse_args()
     device = torch.device(args.device)
     if args.count_kernels:
@@ -197,7 +199,7 @@ def main() -> None:
                     b = case["breakdown_ms"]
                     print(f"{'':19s}under cProfile {b['profiled_step']:.1f} ms: "
                           f"matrix products {b['matrix_products']:.1f}, "
-                          f"buffer loops {b['buffer_loops']:.1f}, other {b['other']:.1f}")
+                          f"compiled loops {b['buffer_loops']:.1f}, other {b['other']:.1f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

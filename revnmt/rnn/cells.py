@@ -197,7 +197,8 @@ class RevCell(nn.Module):
 
         ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
         d loss / d previous state and d loss / d ``p``; recurrent weight gradients accumulate in
-        ``.grad`` (through ``weights``, a chunk of steps per product, else at once). The gates that
+        ``.grad`` (through ``weights``, a chunk of steps per product, else at once; d loss / d ``p`` is
+        then a view into the chunk, overwritten a chunk of steps later). The gates that
         decode the buffer are computed once and differentiated by hand (the derivative of
         :meth:`_Group.surrogate` through the gates, what ``forward_diff`` gives autograd): a per-step
         autograd graph cost more than the step's arithmetic. Half 2 is undone first, from the new
@@ -229,8 +230,7 @@ class RevCell(nn.Module):
         ints = self._split(state)
         prevs = None if prev is None else self._split(prev)
         grads = None if grad is None else list(grad.clone().split(self.half, 1))
-        own = grads is not None and weights is None
-        if own:
+        if grads is not None and weights is None:
             weights = RecurrentGrads(self, p.shape[0], 1, p.device)
         slot = None if grads is None else weights.next_step()
         for i in (1, 0):
@@ -250,7 +250,7 @@ class RecurrentGrads:
     """The recurrent weight gradients of a cell's reverse steps, a chunk of steps per product.
 
     Per step and Linear, the weight gradient is grad_pre^T · input (input = h_j, or r·h_j for RevGRU's
-    g): a [gates, B] x [B, half] product per step is small and slow. The steps' pre-activation
+    g): a [gates, B] x [B, half] product per step is small (on a GPU, launch-bound). The steps' pre-activation
     gradients (which are also d loss / d projection) and inputs are written into slots of two
     [steps, B, ...] tensors instead, and every ``steps`` steps (and at :meth:`flush`) each weight gets
     one product over all of them, as layer 0's input projections do. Held memory: :meth:`held_bytes`.

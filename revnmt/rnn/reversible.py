@@ -49,7 +49,7 @@ PROJECTION_STEPS = 2
 #: Reverse steps whose recurrent weight gradients are collected per product (see RecurrentGrads). A chunk is
 #: held memory, steps x batch x (gate columns + inputs) floats per layer; docs/performance.md has the
 #: measurements behind the choice.
-WEIGHT_GRAD_STEPS = 8
+WEIGHT_GRAD_STEPS = 4
 
 DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
 
