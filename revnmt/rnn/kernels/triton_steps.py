@@ -303,7 +303,8 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
                         batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
                         POP: tl.constexpr, DIFF: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
-    backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``."""
+    backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``
+    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``)."""
     if POP:
         cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
         cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, restore_rs, pre_g_ptr,
