@@ -14,13 +14,19 @@ the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong
 - ``reverse_diff``: pops to the exact previous state and backpropagates the step by hand, with
   the same gates (training by reversal). Output columns stored exactly elsewhere (the top encoder layer's
   attention slice, ``stored``) skip the buffer and are restored from the stored copy
-  (``restore``), as in the paper.
+  (``restore``), as in the paper. It is two operations in one pass, each also available alone:
+  ``reverse_int`` (pop only, no gradients) and ``backward_step`` (the derivative given both exact
+  states, no buffer), for a caller that pops a chunk of steps before differentiating them.
 - ``forward_diff``: with grad, from float leaves of the previous state; its value is the exact
   next state and its gradient the real-valued derivative of z·h + u (with dz* treated as dz),
   the gradient ``reverse_diff`` computes by hand. Ordinary backprop (the reference that the
   hand-written derivatives are tested against) runs all steps of it through autograd.
 
 States are int32 tensors [B, state_size]: GRU [h1 | h2], LSTM [h1 | h2 | c1 | c2].
+
+With a buffer whose backend has fused kernels (numba on CPU, :mod:`revnmt.rnn.kernels`), ``forward_int``
+and the reverse steps run each half as its matrix products and one compiled loop per elementwise
+stretch; the torch code here is the reference they implement (and what the other backends run).
 """
 
 from __future__ import annotations
