@@ -64,23 +64,37 @@ def _rint(x):
 
 
 @triton.jit
+def _fixed_terms(z, u, live, valid, min_numerator):
+    """The integer terms of float gates: (z*, fixed-point u, where u left int32).
+
+    z* = round(z·2^R_Z) clamped to [min_numerator, 2^R_Z] and u = round(u·2^23), 0 on padded rows
+    (as buffers.fixed.quantize_forget and to_fixed). A NaN z takes the minimum numerator and a NaN u
+    counts as out of range. Shared with the fused half-steps (revnmt.rnn.kernels.triton_steps), whose
+    gates must quantize exactly as an update's.
+    """
+    q = _rint(z.to(tl.float64) * FORGET_ONE)
+    q = tl.where(q >= min_numerator, q, min_numerator)  # written so that NaN takes the minimum
+    zq = tl.where(q > FORGET_ONE, FORGET_ONE, q).to(tl.int64)
+    v = _rint(u.to(tl.float64) * HIDDEN_SCALE)
+    bad_term = valid & ~(tl.abs(v + 0.5) <= INT32_MAX + 0.5)  # "not <=" so that NaN counts as out of range
+    ui = tl.where(bad_term | ~live, 0.0, v).to(tl.int64)
+    return zq, ui, bad_term
+
+
+@triton.jit
 def _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs,
                  min_numerator, GATES: tl.constexpr):
     """Row b, column col of an update: (live row, z*, fixed-point u, where u left int32, h as int64).
 
-    With GATES, z and u are floats: z* = round(z·2^R_Z) clamped to [min_numerator, 2^R_Z] and
-    u = round(u·2^23), 0 on padded rows (as buffers.fixed.quantize_forget and to_fixed). Without,
-    z holds numerators the caller checked and there is no additive term.
+    With GATES, z and u are floats (:func:`_fixed_terms`). Without, z holds numerators the caller
+    checked and there is no additive term.
     """
     live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
     hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
     if GATES:
-        q = _rint(tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=1.0).to(tl.float64) * FORGET_ONE)
-        q = tl.where(q >= min_numerator, q, min_numerator)  # written so that NaN takes the minimum
-        zq = tl.where(q > FORGET_ONE, FORGET_ONE, q).to(tl.int64)
-        v = _rint(tl.load(u_ptr + b * u_rs + col * u_cs, mask=valid, other=0.0).to(tl.float64) * HIDDEN_SCALE)
-        bad_term = valid & ~(tl.abs(v + 0.5) <= INT32_MAX + 0.5)  # "not <=" so that NaN counts as out of range
-        ui = tl.where(bad_term | ~live, 0.0, v).to(tl.int64)
+        zq, ui, bad_term = _fixed_terms(tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=1.0),
+                                        tl.load(u_ptr + b * u_rs + col * u_cs, mask=valid, other=0.0), live, valid,
+                                        min_numerator)
     else:
         zq = tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=FORGET_ONE).to(tl.int64)
         bad_term = tl.zeros_like(valid)
@@ -100,10 +114,11 @@ def _record(status, bad, code):
 
 
 @triton.jit
-def _stored_columns(start, batch, stored, ELEMENT_BLOCK: tl.constexpr):
-    """A block of the stored columns, read row after row from element ``start``: (valid, row, column)."""
+def _elements(start, batch, columns, ELEMENT_BLOCK: tl.constexpr):
+    """A block of the first ``columns`` columns of [batch, ...], read row after row from element ``start``:
+    (valid, row, column). The stored columns are walked this way, elementwise."""
     e = start + tl.arange(0, ELEMENT_BLOCK)
-    return e < batch * stored, e // stored, e % stored
+    return e < batch * columns, e // columns, e % columns
 
 
 @triton.jit
@@ -122,6 +137,37 @@ def _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored):
 
 
 @triton.jit
+def _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, flag_ptr):
+    """One chunk of a push onto the live slab ``cur`` (stack height ``top``): (floor(h·z*/2^R_Z) on the
+    active lanes, h elsewhere; the new slab; the new height). The chunk's overflow flag goes to ``flag_ptr``.
+    """
+    # All lanes grow together when any active lane's live word could overflow (see words.py).
+    overflow = tl.max(tl.where(active & (cur >= WORD_LIMIT), 1, 0), axis=0) > 0
+    tl.store(stack_ptr + top * slab + lane, cur, mask=tl.where(overflow, lane_ok, False))
+    cur = tl.where(overflow, 0, cur)
+    top += overflow.to(tl.int64)
+    tl.store(flag_ptr, overflow)
+    # Algorithm 1 (buffers.multiply.mul_exact); b1 ≥ 0 and z* > 0, so // and % are the floor ones.
+    b1 = cur * FORGET_ONE + (hv & (FORGET_ONE - 1))
+    product = tl.where(active, (hv >> FORGET_RADIX) * zq + b1 % zq, hv)
+    return product, tl.where(active, b1 // zq, cur), top
+
+
+@triton.jit
+def _pop_chunk(before, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, flag_ptr):
+    """The inverse of :func:`_push_chunk` on ``before`` = its product (h − u): (the h it was made from on
+    the active lanes, ``before`` elsewhere; the slab; the height), undoing the slab push ``flag_ptr`` records."""
+    # The inverse of Algorithm 1 (buffers.multiply.div_exact); ``before`` may be negative.
+    q, r = _floor_divmod(before, zq)
+    b1 = cur * zq + r
+    value = tl.where(active, q * FORGET_ONE + (b1 & (FORGET_ONE - 1)), before)
+    cur = tl.where(active, b1 >> FORGET_RADIX, cur)
+    overflow = tl.load(flag_ptr) != 0
+    below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
+    return value, tl.where(overflow, below, cur), top - overflow.to(tl.int64)
+
+
+@triton.jit
 def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
                  curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
                  batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
@@ -130,7 +176,7 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
     status = 0
     # The stored columns: elementwise, no buffer.
     for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = _stored_columns(start, batch, stored, ELEMENT_BLOCK)
+        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
         live, zq, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
                                                   u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
         value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
@@ -152,16 +198,9 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
         live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
                                                   u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
         active = valid & live
-        # All lanes grow together when any active lane's live word could overflow (see words.py).
-        overflow = tl.max(tl.where(active & (cur >= WORD_LIMIT), 1, 0), axis=0) > 0
-        tl.store(stack_ptr + top * slab + lane, cur, mask=tl.where(overflow, lane_ok, False))
-        cur = tl.where(overflow, 0, cur)
-        top += overflow.to(tl.int64)
-        tl.store(flags_ptr + first_flag + c, overflow)
-        # Algorithm 1 (buffers.multiply.mul_exact); b1 ≥ 0 and z* > 0, so // and % are the floor ones.
-        b1 = cur * FORGET_ONE + (hv & (FORGET_ONE - 1))
-        value = tl.where(active, (hv >> FORGET_RADIX) * zq + b1 % zq, hv) + ui
-        cur = tl.where(active, b1 // zq, cur)
+        product, cur, top = _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
+                                        flags_ptr + first_flag + c)
+        value = product + ui
         bad = _outside_int32(value, valid)
         tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=valid)
         lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
@@ -180,7 +219,7 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
     """The exact inverse of :func:`_push_kernel`, but for the stored columns, which get h − u."""
     status = 0
     for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = _stored_columns(start, batch, stored, ELEMENT_BLOCK)
+        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
         _, _, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs,
                                               mask_ptr, m_rs, m_cs, min_numerator, GATES)
         before = hv - ui
@@ -204,18 +243,9 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
         active = valid & live
         before = hv - ui
         bad = _outside_int32(before, valid)
-        before = tl.where(bad, 0, before)
-        # The inverse of Algorithm 1 (buffers.multiply.div_exact); ``before`` may be negative.
-        q, r = _floor_divmod(before, zq)
-        b1 = cur * zq + r
-        value = tl.where(active, q * FORGET_ONE + (b1 & (FORGET_ONE - 1)), before)
-        cur = tl.where(active, b1 >> FORGET_RADIX, cur)
+        value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
+                                     flags_ptr + first_flag + c)
         tl.store(out_ptr + b * width + col, value.to(tl.int32), mask=valid)
-        # Undo this chunk's slab push, if it made one.
-        overflow = tl.load(flags_ptr + first_flag + c) != 0
-        below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
-        cur = tl.where(overflow, below, cur)
-        top -= overflow.to(tl.int64)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
         status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
     tl.store(curr_ptr + lane, cur, mask=lane_ok)

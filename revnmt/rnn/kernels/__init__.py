@@ -92,4 +92,8 @@ def step_kernels(backend: str) -> StepKernels | None:
         from .numba_steps import NUMBA_STEPS  # numba compiles on first use: imported on demand
 
         return NUMBA_STEPS
+    if backend == "triton":
+        from .triton_steps import TRITON_STEPS  # triton is absent from CPU installs without the gpu extra
+
+        return TRITON_STEPS
     return None

@@ -1,0 +1,632 @@
+"""The fused half-steps as Triton kernels, for CUDA: one launch per elementwise stretch.
+
+On a GPU every op of a step is a kernel launch, and a reversible half-step written as torch ops
+(the cells' reference) is some thirty of them around its matrix products. Here each stretch between
+two products is one kernel: RevGRU's half is product, :func:`_gru_gates_kernel`, product,
+:func:`_gru_push_kernel` (in the reverse, :func:`_gru_reverse_kernel` and, after the g product's
+backward, :func:`_gru_read_grad_kernel`); RevLSTM's is one product and :func:`_lstm_push_kernel` or
+:func:`_lstm_reverse_kernel`.
+
+The push and pop kernels are the buffer's update kernel (:mod:`buffers.backends.triton_kernels`)
+with the gates computed inside it: one program walks the buffer's chunks in order, and each lane
+computes its own column's z and u from the product and projection columns where the buffer kernel
+would load them, then quantizes, rounds, pushes or pops, adds and range-checks with the buffer
+kernel's own device functions (:func:`~buffers.backends.triton_kernels._fixed_terms`,
+:func:`~buffers.backends.triton_kernels._push_chunk`, :func:`~buffers.backends.triton_kernels._pop_chunk`),
+so the words are those the triton buffer makes from the same z and u. Errors go to ``words.status``
+as there: nothing is read on the host per step. The reverse kernels then backpropagate the half
+elementwise, after a barrier, from the popped previous half. The host keeps the buffer's books as
+the buffer front does (:class:`~buffers.InformationBuffer` reserves, records widths, checks pops).
+
+Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
+forward's bit for bit. Every kernel computes a gate with the same ``@triton.jit`` function
+(:func:`_gru_terms`, :func:`_lstm_cell_terms`, :func:`_lstm_hidden_terms`), which Triton inlines,
+and every kernel is compiled with FMA contraction off (``enable_fp_fusion=False``, pinned for every
+launch), so no kernel fuses a product and a sum that another rounds twice. The activations are the
+numba kernels' rational tanh and σ (:func:`_tanh`), multiplies, adds and a correctly rounded division
+(``div_rn``), no approximate ``exp``: each result is IEEE-rounded, so the kernels compute the same gates
+on a GPU as in Triton's interpreter, and as the numba kernels on the same products. They are not the
+torch reference's to the last ulp, so the states of a run with fused kernels are their own; its
+reverse is exact all the same.
+
+Like the buffer kernels, these run on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests run
+them without a GPU), and each is registered as a torch custom op, so the dispatcher (and a
+``TorchDispatchMode`` counting launches) sees one op per kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from buffers.backends.triton_kernels import (
+    COMPILE_OPTIONS,
+    FORGET_ONE,
+    FORGET_RADIX,
+    OUT_OF_RANGE,
+    STATE_OVERFLOW,
+    TERM_OVERFLOW,
+    _elements,
+    _fixed_terms,
+    _lane_columns,
+    _lost_table,
+    _outside_int32,
+    _pop_chunk,
+    _push_chunk,
+    _record,
+    launch_options,
+)
+from buffers.fixed import HIDDEN_RADIX, forget_multiplier, min_forget_numerator
+from buffers.words import WordStack
+
+from . import StepKernels
+from . import numba_steps as ns
+
+# The rational tanh's float32 constants, as constexprs (fp32 values: the kernels compute in fp32).
+TANH_CLAMP, A1, A3, A5, A7, A9, A11, A13, B0, B2, B4, B6 = (tl.constexpr(float(v)) for v in (
+    ns._TANH_CLAMP, ns._A1, ns._A3, ns._A5, ns._A7, ns._A9, ns._A11, ns._A13, ns._B0, ns._B2, ns._B4, ns._B6))
+TO_FLOAT = tl.constexpr(2.0 ** -HIDDEN_RADIX)  # to_float: int → float32 (rounded), times an exact power of two
+PER_NUMERATOR = tl.constexpr(1.0 / FORGET_ONE.value)  # z*/2^R_Z as a float: exact
+# Which update a walk makes (the gates its lanes compute): RevGRU's h, RevLSTM's c, RevLSTM's h.
+GRU = tl.constexpr(0)
+LSTM_CELL = tl.constexpr(1)
+LSTM_HIDDEN = tl.constexpr(2)
+
+_BLOCK = 1024  # elements per program of the elementwise kernels, and per iteration of the walks' elementwise parts
+
+
+# ---------------------------------------------------------------------------- the gates, shared by every kernel
+
+
+@triton.jit
+def _tanh(x):
+    """The numba kernels' tanh (:func:`revnmt.rnn.kernels.numba_steps._tanh`, Eigen's float32 rational fit)
+    in the same order of operations: multiplies, adds and one correctly rounded division, so every result is
+    IEEE-rounded and the interpreter, the GPU and the CPU loops agree on it. Clamped with comparisons,
+    which leave a NaN a NaN (a range error later), where ``minimum``/``maximum`` may drop it."""
+    x = tl.where(x > TANH_CLAMP, TANH_CLAMP, tl.where(x < -TANH_CLAMP, -TANH_CLAMP, x))
+    x2 = x * x
+    p = x2 * (x2 * (x2 * (x2 * (x2 * (x2 * A13 + A11) + A9) + A7) + A5) + A3) + A1
+    return tl.div_rn(x * p, x2 * (x2 * (x2 * B6 + B4) + B2) + B0)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 0.5 + 0.5 * _tanh(0.5 * x)
+
+
+@triton.jit
+def _to_float(v):
+    return v.to(tl.float32) * TO_FLOAT
+
+
+@triton.jit
+def _restrict(s, slope):
+    """``buffers.restrict_forget``: σ mapped into [2^-k, 1]."""
+    return slope * s + (1.0 - slope)
+
+
+@triton.jit
+def _gru_terms(sz, a_g, slope):
+    """(z, u, g) of RevGRU from σ(z's pre-activation) and g's pre-activation: z limited, u = (1 − z)·g."""
+    g = _tanh(a_g)
+    z = _restrict(sz, slope)
+    return z, (1.0 - z) * g, g
+
+
+@triton.jit
+def _lstm_cell_terms(pre_ptr, proj_ptr, row, row_proj, j, valid, half, slope):
+    """RevLSTM's cell update of unit j, columns [f | g | i | o | p] from the product's row ``row`` and the
+    projection's ``row_proj``: (z, u, σ(f), tanh(g), σ(i))."""
+    sf = _sigmoid(tl.load(pre_ptr + row + j, mask=valid, other=0.0)
+                  + tl.load(proj_ptr + row_proj + j, mask=valid, other=0.0))
+    g = _tanh(tl.load(pre_ptr + row + half + j, mask=valid, other=0.0)
+              + tl.load(proj_ptr + row_proj + half + j, mask=valid, other=0.0))
+    ig = _sigmoid(tl.load(pre_ptr + row + 2 * half + j, mask=valid, other=0.0)
+                  + tl.load(proj_ptr + row_proj + 2 * half + j, mask=valid, other=0.0))
+    return _restrict(sf, slope), ig * g, sf, g, ig
+
+
+@triton.jit
+def _lstm_hidden_terms(pre_ptr, proj_ptr, row, row_proj, j, valid, half, slope, c):
+    """RevLSTM's hidden update of unit j given the new cell ``c`` (int): (z, u, σ(o), σ(p), tanh(c))."""
+    o = _sigmoid(tl.load(pre_ptr + row + 3 * half + j, mask=valid, other=0.0)
+                 + tl.load(proj_ptr + row_proj + 3 * half + j, mask=valid, other=0.0))
+    sp = _sigmoid(tl.load(pre_ptr + row + 4 * half + j, mask=valid, other=0.0)
+                  + tl.load(proj_ptr + row_proj + 4 * half + j, mask=valid, other=0.0))
+    tc = _tanh(_to_float(c))
+    return _restrict(sp, slope), o * tc, o, sp, tc
+
+
+@triton.jit
+def _terms(KIND: tl.constexpr, b, j, valid, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope):
+    """The float (z, u) of unit j of row b in update KIND. RevGRU: ``pre``, ``proj`` are g's product and
+    projection columns and ``aux`` σ of [z | r]; RevLSTM: the five gates' product and projection columns,
+    and ``aux`` the new cell (for the hidden update)."""
+    if KIND == GRU:
+        z, u, _ = _gru_terms(tl.load(aux_ptr + b * aux_rs + j, mask=valid, other=0.0),
+                             tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0)
+                             + tl.load(proj_ptr + b * proj_rs + j, mask=valid, other=0.0), slope)
+    elif KIND == LSTM_CELL:
+        z, u, _, _, _ = _lstm_cell_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, valid, half, slope)
+    else:
+        z, u, _, _, _ = _lstm_hidden_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, valid, half, slope,
+                                           tl.load(aux_ptr + b * aux_rs + j, mask=valid, other=0))
+    return z, u
+
+
+@triton.jit
+def _backward_update(grad, zq, live):
+    """The derivative of where(live, z*·h + u, h): (d loss / d previous h, d loss / d u); d loss / d z*
+    is the second times the previous h."""
+    return tl.where(live, grad * (zq.to(tl.float32) * PER_NUMERATOR), grad), tl.where(live, grad, 0.0)
+
+
+# ---------------------------------------------------------------------------- the walks
+
+
+@triton.jit
+def _push_walk(KIND: tl.constexpr, h_ptr, h_rs, out_ptr, out_rs, float_ptr, pre_ptr, pre_rs, proj_ptr, proj_rs,
+               aux_ptr, aux_rs, mask_ptr, stack_ptr, flags_ptr, lost_table_ptr, cur, top, status, batch, half, stored,
+               lane_rows, lanes, first_flag, min_numerator, slope, LANE_BLOCK: tl.constexpr,
+               ELEMENT_BLOCK: tl.constexpr, FLOAT: tl.constexpr):
+    """h ← z·h + u for update KIND, as the buffer's push kernel does it but with the gates computed by
+    each lane; with FLOAT, also the float copy of the new h into ``float_ptr`` ([batch, half]).
+    Returns (slab, height, bits destroyed, status)."""
+    for start in range(0, batch * stored, ELEMENT_BLOCK):
+        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
+        live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
+        hv = tl.load(h_ptr + b * h_rs + col, mask=ok, other=0).to(tl.int64)
+        z, u = _terms(KIND, b, col, ok, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
+        zq, ui, bad_term = _fixed_terms(z, u, live, ok, min_numerator)
+        value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
+        bad = _outside_int32(value, ok)
+        value = tl.where(bad, 0, value)
+        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=ok)
+        if FLOAT:
+            tl.store(float_ptr + b * half + col, _to_float(value), mask=ok)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+
+    slab = lane_rows * lanes
+    lane = tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < slab
+    buffered = half - stored
+    folded_width = batch * buffered // lane_rows
+    lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
+    for c in range(0, tl.cdiv(folded_width, lanes)):
+        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+        live = tl.load(mask_ptr + b, mask=valid, other=0) != 0
+        hv = tl.load(h_ptr + b * h_rs + col, mask=valid, other=0).to(tl.int64)
+        z, u = _terms(KIND, b, col, valid, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
+        zq, ui, bad_term = _fixed_terms(z, u, live, valid, min_numerator)
+        active = valid & live
+        product, cur, top = _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
+                                        flags_ptr + first_flag + c)
+        value = product + ui
+        bad = _outside_int32(value, valid)
+        value = tl.where(bad, 0, value)
+        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
+        if FLOAT:
+            tl.store(float_ptr + b * half + col, _to_float(value), mask=valid)
+        lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+    return cur, top, tl.sum(lost, axis=0), status
+
+
+@triton.jit
+def _pop_walk(KIND: tl.constexpr, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, restore_rs, pre_ptr, pre_rs,
+              proj_ptr, proj_rs, aux_ptr, aux_rs, mask_ptr, stack_ptr, flags_ptr, cur, top, status, batch, half,
+              stored, lane_rows, lanes, first_flag, min_numerator, slope, LANE_BLOCK: tl.constexpr,
+              ELEMENT_BLOCK: tl.constexpr):
+    """The inverse of :func:`_push_walk` into ``prev``, whose first ``stored`` columns are copied from
+    ``restore`` (kept exactly elsewhere). Returns (slab, height, status)."""
+    for start in range(0, batch * stored, ELEMENT_BLOCK):
+        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
+        tl.store(prev_ptr + b * prev_rs + col, tl.load(restore_ptr + b * restore_rs + col, mask=ok), mask=ok)
+
+    slab = lane_rows * lanes
+    lane = tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < slab
+    buffered = half - stored
+    folded_width = batch * buffered // lane_rows
+    chunks = tl.cdiv(folded_width, lanes)
+    for back in range(0, chunks):
+        c = chunks - 1 - back
+        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+        live = tl.load(mask_ptr + b, mask=valid, other=0) != 0
+        hv = tl.load(h_ptr + b * h_rs + col, mask=valid, other=0).to(tl.int64)
+        z, u = _terms(KIND, b, col, valid, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
+        zq, ui, bad_term = _fixed_terms(z, u, live, valid, min_numerator)
+        before = hv - ui
+        bad = _outside_int32(before, valid)
+        value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, valid & live, cur, top, lane, lane_ok, slab,
+                                     stack_ptr, flags_ptr + first_flag + c)
+        tl.store(prev_ptr + b * prev_rs + col, value.to(tl.int32), mask=valid)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+        status = _record(status, _outside_int32(value, valid & live), OUT_OF_RANGE)
+    return cur, top, status
+
+
+@triton.jit
+def _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
+    """The live slab of words, the stack height and the error code (none yet), as a walk starts."""
+    lane = tl.arange(0, LANE_BLOCK)
+    return tl.load(curr_ptr + lane, mask=lane < lane_rows * lanes, other=0), tl.load(top_ptr), tl.full([], 0, tl.int32)
+
+
+@triton.jit
+def _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
+    """Store the slab, the height and the error code (the largest so far) as a walk ends."""
+    lane = tl.arange(0, LANE_BLOCK)
+    tl.store(curr_ptr + lane, cur, mask=lane < lane_rows * lanes)
+    tl.store(top_ptr, top)
+    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+
+
+# ---------------------------------------------------------------------------- RevGRU
+
+
+@triton.jit
+def _gru_gates_kernel(pre_ptr, pre_rs, p_ptr, p_rs, read_ptr, read_rs, s_ptr, rh_ptr, rh_rs, batch, half,
+                      BLOCK: tl.constexpr):
+    """s = σ(pre_zr + p_zr) ([z | r], [batch, 2·half]) and rh = r·read, the input of g's product."""
+    ok, b, j = _elements(tl.program_id(0) * BLOCK, batch, half, BLOCK)
+    sz = _sigmoid(tl.load(pre_ptr + b * pre_rs + j, mask=ok) + tl.load(p_ptr + b * p_rs + j, mask=ok))
+    sr = _sigmoid(tl.load(pre_ptr + b * pre_rs + half + j, mask=ok) + tl.load(p_ptr + b * p_rs + half + j, mask=ok))
+    tl.store(s_ptr + b * 2 * half + j, sz, mask=ok)
+    tl.store(s_ptr + b * 2 * half + half + j, sr, mask=ok)
+    tl.store(rh_ptr + b * rh_rs + j, sr * tl.load(read_ptr + b * read_rs + j, mask=ok), mask=ok)
+
+
+@triton.jit
+def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, out_ptr, out_rs, float_ptr,
+                     curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
+                     batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
+                     LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy."""
+    cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, lost, status = _push_walk(GRU, h_ptr, h_rs, out_ptr, out_rs, float_ptr, pre_g_ptr, pre_g_rs, p_g_ptr,
+                                        p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr, flags_ptr, lost_table_ptr,
+                                        cur, top, status, batch, half, stored, lane_rows, lanes, first_flag,
+                                        min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, True)
+    tl.store(lost_ptr, lost)
+    _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+
+
+@triton.jit
+def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, restore_ptr, restore_rs,
+                        prev_ptr, prev_rs, grad_ptr, grad_rs, grad_z_ptr, grad_g_ptr, grad_zg_rs,
+                        curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                        batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
+                        POP: tl.constexpr, DIFF: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
+    backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``
+    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``)."""
+    if POP:
+        cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, restore_rs, pre_g_ptr,
+                                     pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr, flags_ptr,
+                                     cur, top, status, batch, half, stored, lane_rows, lanes, first_flag, min_numerator,
+                                     slope, LANE_BLOCK, ELEMENT_BLOCK)
+        _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+        tl.debug_barrier()  # the derivative reads what other threads popped
+    if DIFF:
+        for start in range(0, batch * half, ELEMENT_BLOCK):
+            ok, b, j = _elements(start, batch, half, ELEMENT_BLOCK)
+            live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
+            sz = tl.load(s_ptr + b * 2 * half + j, mask=ok, other=0.0)
+            z, u, g = _gru_terms(sz, tl.load(pre_g_ptr + b * pre_g_rs + j, mask=ok, other=0.0)
+                                 + tl.load(p_g_ptr + b * p_g_rs + j, mask=ok, other=0.0), slope)
+            zq, _, _ = _fixed_terms(z, u, live, ok, min_numerator)
+            grad, grad_u = _backward_update(tl.load(grad_ptr + b * grad_rs + j, mask=ok, other=0.0), zq, live)
+            tl.store(grad_ptr + b * grad_rs + j, grad, mask=ok)
+            tl.store(grad_g_ptr + b * grad_zg_rs + j, grad_u * (1.0 - z) * (1.0 - g * g), mask=ok)
+            prev = _to_float(tl.load(prev_ptr + b * prev_rs + j, mask=ok, other=0))
+            tl.store(grad_z_ptr + b * grad_zg_rs + j, (grad_u * prev - grad_u * g) * slope * sz * (1.0 - sz), mask=ok)
+
+
+@triton.jit
+def _gru_read_grad_kernel(grad_rh_ptr, grad_rh_rs, read_ptr, read_rs, s_ptr, grad_r_ptr, grad_r_rs, grad_read_ptr,
+                          grad_read_rs, batch, half, BLOCK: tl.constexpr):
+    """d loss / d r's pre-activation, and r·grad_rh added to d loss / d h_j."""
+    ok, b, j = _elements(tl.program_id(0) * BLOCK, batch, half, BLOCK)
+    grad_rh = tl.load(grad_rh_ptr + b * grad_rh_rs + j, mask=ok)
+    r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok)
+    tl.store(grad_r_ptr + b * grad_r_rs + j, grad_rh * tl.load(read_ptr + b * read_rs + j, mask=ok) * r * (1.0 - r),
+             mask=ok)
+    grad_read = grad_read_ptr + b * grad_read_rs + j
+    tl.store(grad_read, tl.load(grad_read, mask=ok) + grad_rh * r, mask=ok)
+
+
+# ---------------------------------------------------------------------------- RevLSTM
+
+
+@triton.jit
+def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, out_h_ptr, out_c_ptr,
+                      out_rs, float_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
+                      batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
+                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """RevLSTM's half update: c ← f·c + i·g, then h ← p·h + o·tanh(new c) and its float copy. The bits
+    destroyed go to ``lost`` [2] (c's, h's)."""
+    cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, lost, status = _push_walk(LSTM_CELL, c_ptr, c_rs, out_c_ptr, out_rs, float_ptr, pre_ptr, pre_rs,
+                                        proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
+                                        lost_table_ptr, cur, top, status, batch, half, 0, lane_rows, lanes, flag_c,
+                                        min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, False)
+    tl.store(lost_ptr, lost)
+    tl.debug_barrier()  # h's terms read the new cell that other threads wrote
+    cur, top, lost, status = _push_walk(LSTM_HIDDEN, h_ptr, h_rs, out_h_ptr, out_rs, float_ptr, pre_ptr, pre_rs,
+                                        proj_ptr, proj_rs, out_c_ptr, out_rs, mask_ptr, stack_ptr, flags_ptr,
+                                        lost_table_ptr, cur, top, status, batch, half, stored, lane_rows, lanes,
+                                        flag_h, min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, True)
+    tl.store(lost_ptr + 1, lost)
+    _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+
+
+@triton.jit
+def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, restore_ptr,
+                         restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, grad_h_ptr, grad_h_rs, grad_c_ptr,
+                         grad_c_rs, grad_pre_ptr, grad_pre_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                         batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
+                         POP: tl.constexpr, DIFF: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
+    backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``."""
+    if POP:
+        cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, restore_ptr, restore_rs,
+                                     pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
+                                     cur, top, status, batch, half, stored, lane_rows, lanes, flag_h, min_numerator,
+                                     slope, LANE_BLOCK, ELEMENT_BLOCK)
+        cur, top, status = _pop_walk(LSTM_CELL, c_ptr, c_rs, prev_c_ptr, prev_c_rs, restore_ptr, restore_rs,
+                                     pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
+                                     cur, top, status, batch, half, 0, lane_rows, lanes, flag_c, min_numerator, slope,
+                                     LANE_BLOCK, ELEMENT_BLOCK)
+        _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+        tl.debug_barrier()  # the derivative reads what other threads popped
+    if DIFF:
+        for start in range(0, batch * half, ELEMENT_BLOCK):
+            ok, b, j = _elements(start, batch, half, ELEMENT_BLOCK)
+            live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
+            z_c, u_c, sf, g, ig = _lstm_cell_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, ok, half, slope)
+            z_h, u_h, o, sp, tc = _lstm_hidden_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, ok, half, slope,
+                                                     tl.load(c_ptr + b * c_rs + j, mask=ok, other=0))
+            zq_c, _, _ = _fixed_terms(z_c, u_c, live, ok, min_numerator)
+            zq_h, _, _ = _fixed_terms(z_h, u_h, live, ok, min_numerator)
+            grad_h, grad_uh = _backward_update(tl.load(grad_h_ptr + b * grad_h_rs + j, mask=ok, other=0.0), zq_h, live)
+            grad_c = tl.load(grad_c_ptr + b * grad_c_rs + j, mask=ok, other=0.0) + grad_uh * o * (1.0 - tc * tc)
+            grad_c, grad_uc = _backward_update(grad_c, zq_c, live)
+            tl.store(grad_h_ptr + b * grad_h_rs + j, grad_h, mask=ok)
+            tl.store(grad_c_ptr + b * grad_c_rs + j, grad_c, mask=ok)
+            prev_c = _to_float(tl.load(prev_c_ptr + b * prev_c_rs + j, mask=ok, other=0))
+            prev_h = _to_float(tl.load(prev_h_ptr + b * prev_h_rs + j, mask=ok, other=0))
+            row = grad_pre_ptr + b * grad_pre_rs + j
+            tl.store(row, grad_uc * prev_c * slope * sf * (1.0 - sf), mask=ok)
+            tl.store(row + half, grad_uc * ig * (1.0 - g * g), mask=ok)
+            tl.store(row + 2 * half, grad_uc * g * ig * (1.0 - ig), mask=ok)
+            tl.store(row + 3 * half, grad_uh * tc * o * (1.0 - o), mask=ok)
+            tl.store(row + 4 * half, grad_uh * prev_h * slope * sp * (1.0 - sp), mask=ok)
+
+
+# ---------------------------------------------------------------------------- the ops (one launch each)
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A [rows, columns] tensor as the kernels take it: itself and its row stride. The columns must be
+    adjacent (slices of a product or of the projection are); rows need not be."""
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(f"the triton step kernels need unit column stride, got strides {t.stride()}")
+    return t, t.stride(0)
+
+
+@torch.library.custom_op("revnmt_rnn::triton_gru_gates", mutates_args=("s", "rh"))
+def _gru_gates_op(pre_zr: torch.Tensor, p_zr: torch.Tensor, read: torch.Tensor, s: torch.Tensor,
+                  rh: torch.Tensor) -> None:
+    batch, half = read.shape
+    _gru_gates_kernel[(triton.cdiv(batch * half, _BLOCK),)](*_rows(pre_zr), *_rows(p_zr), *_rows(read), s, *_rows(rh),
+                                                            batch, half, BLOCK=_BLOCK, **COMPILE_OPTIONS)
+
+
+@torch.library.custom_op("revnmt_rnn::triton_gru_push",
+                         mutates_args=("out", "new_float", "curr", "stack", "top", "flags", "status", "lost"))
+def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
+                 out: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
+                 flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor, lost_table: torch.Tensor, stored: int,
+                 first_flag: int, min_numerator: int, slope: float) -> None:
+    _gru_push_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(out), new_float, curr, stack, top,
+                           flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0],
+                           curr.shape[1], first_flag, min_numerator, slope,
+                            **launch_options(curr.numel()))
+
+
+@torch.library.custom_op("revnmt_rnn::triton_gru_reverse",
+                         mutates_args=("prev", "grad", "grad_z", "grad_g", "curr", "stack", "top", "flags", "status"))
+def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
+                    restore: torch.Tensor | None, prev: torch.Tensor, grad: torch.Tensor | None,
+                    grad_z: torch.Tensor | None, grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor,
+                    top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int,
+                    slope: float, pop: bool) -> None:
+    restore = _or_no_columns(restore, h)
+    diff = grad is not None
+    grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
+    _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(restore), *_rows(prev),
+                              *_rows(grad), grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status,
+                              h.shape[0], h.shape[1], restore.shape[1], curr.shape[0], curr.shape[1], first_flag,
+                              min_numerator, slope, POP=pop, DIFF=diff, **launch_options(curr.numel()))
+
+
+@torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_r", "grad_read"))
+def _gru_read_grad_op(grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
+                      grad_read: torch.Tensor) -> None:
+    batch, half = read.shape
+    _gru_read_grad_kernel[(triton.cdiv(batch * half, _BLOCK),)](*_rows(grad_rh), *_rows(read), s, *_rows(grad_r),
+                                                                *_rows(grad_read), batch, half, BLOCK=_BLOCK,
+                                                                **COMPILE_OPTIONS)
+
+
+@torch.library.custom_op("revnmt_rnn::triton_lstm_push",
+                         mutates_args=("out_h", "out_c", "new_float", "curr", "stack", "top", "flags", "status",
+                                       "lost"))
+def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
+                  out_h: torch.Tensor, out_c: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor,
+                  stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor,
+                  lost_table: torch.Tensor, stored: int, flag_c: int, flag_h: int, min_numerator: int,
+                  slope: float) -> None:
+    if out_h.stride() != out_c.stride():
+        raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
+    _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, out_h, *_rows(out_c), new_float,
+                            curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored,
+                            curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
+                            **launch_options(curr.numel()))
+
+
+@torch.library.custom_op("revnmt_rnn::triton_lstm_reverse",
+                         mutates_args=("prev_h", "prev_c", "grad_h", "grad_c", "grad_pre", "curr", "stack", "top",
+                                       "flags", "status"))
+def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
+                     restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
+                     grad_h: torch.Tensor | None, grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None,
+                     curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor,
+                     status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int, slope: float,
+                     pop: bool) -> None:
+    restore = _or_no_columns(restore, h)
+    diff = grad_h is not None
+    grad_h, grad_c, grad_pre = (grad_h, grad_c, grad_pre) if diff else (pre,) * 3  # untouched without DIFF
+    _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, *_rows(restore), *_rows(prev_h),
+                               *_rows(prev_c), *_rows(grad_h), *_rows(grad_c), *_rows(grad_pre), curr, stack, top,
+                               flags, status, h.shape[0], h.shape[1], restore.shape[1], curr.shape[0], curr.shape[1],
+                               flag_c, flag_h, min_numerator, slope, POP=pop, DIFF=diff,
+                               **launch_options(curr.numel()))
+
+
+def _or_no_columns(restore: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
+    """The stored columns' previous values, or none: a [rows, 0] view."""
+    return h[:, :0] if restore is None else restore
+
+
+# ---------------------------------------------------------------------------- the host side
+
+
+def _word_tensors(words: WordStack) -> tuple[torch.Tensor, ...]:
+    """The tensors the walks update in place: live words, stack, height, flags, error code."""
+    return words.curr, words.stack, words.top, words.flags, words.status
+
+
+@functools.lru_cache(maxsize=None)
+def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Stand-ins for the word tensors where nothing is popped (the derivative-only step); never written."""
+    long = dict(dtype=torch.int64, device=device)
+    return (torch.zeros(1, 1, **long), torch.zeros(1, 1, 1, **long), torch.zeros(1, **long),
+            torch.zeros(1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+
+
+def _columns(p: torch.Tensor, col: int, pre: torch.Tensor) -> torch.Tensor:
+    """The projection's columns that match the product ``pre`` from column ``col`` on (a view: the kernels
+    take row strides)."""
+    return p[:, col: col + pre.shape[1]]
+
+
+def _limit(max_bits: int | None) -> tuple[int, float]:
+    """The forget limit's smallest numerator and slope m (``buffers.forget_multiplier``)."""
+    return min_forget_numerator(max_bits), forget_multiplier(max_bits)
+
+
+def _record_push(words: WordStack, groups: list[tuple[list[int], torch.Tensor]]) -> None:
+    """Note the pushed groups' widths and destroyed bits, as :meth:`InformationBuffer.push_update` does
+    after its backend call."""
+    for widths, lost in groups:
+        if widths:
+            words.record_push(widths, lost)
+    words.after_call()
+
+
+def _check_pops(words: WordStack, groups: list[list[int]]) -> int:
+    """Check that the last pushes are ``groups`` (in push order); returns the first flag of the first group."""
+    widths = [w for group in groups for w in group]
+    words.check_pop(widths)
+    return words.pushes - len(widths)
+
+
+def _record_pops(words: WordStack, groups: list[list[int]]) -> None:
+    for widths in reversed(groups):
+        if widths:
+            words.record_pop(widths)
+    words.after_call()
+
+
+class TritonSteps(StepKernels):
+    """:class:`StepKernels` as Triton kernels on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``);
+    see the module docstring."""
+
+    name = "triton"
+
+    def gru_gates(self, pre_zr, p, col, read, rh):
+        s = torch.empty(pre_zr.shape, dtype=pre_zr.dtype, device=pre_zr.device)
+        _gru_gates_op(pre_zr, _columns(p, col, pre_zr), read, s, rh)
+        return s
+
+    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
+        words = buf.words
+        widths = words.update_widths(h.shape[1], stored)
+        words.reserve(len(widths))
+        new_float = torch.empty(h.shape, device=h.device)
+        lost = torch.empty((), dtype=torch.float64, device=h.device)
+        _gru_push_op(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *_word_tensors(words), lost,
+                     _lost_table(h.device), stored, words.pushes, *_limit(max_bits))
+        _record_push(words, [(widths, lost)])
+        return new_float
+
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
+        pop = prev is None
+        if pop:
+            words = buf.words
+            groups = [words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
+            first, tensors = _check_pops(words, groups), _word_tensors(words)
+            prev = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        else:
+            first, tensors = 0, _no_words(h.device)
+        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, grad, grad_z, grad_g, *tensors,
+                        first, *_limit(max_bits), pop)
+        if pop:
+            _record_pops(words, groups)
+        return prev
+
+    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
+        _gru_read_grad_op(grad_rh, read, s, grad_r, grad_read)
+
+    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
+        words = buf.words
+        widths_c, widths_h = words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)
+        words.reserve(len(widths_c) + len(widths_h))
+        first = words.pushes
+        new_float = torch.empty(h.shape, device=h.device)
+        lost = torch.empty(2, dtype=torch.float64, device=h.device)
+        _lstm_push_op(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *_word_tensors(words), lost,
+                      _lost_table(h.device), stored, first, first + len(widths_c), *_limit(max_bits))
+        _record_push(words, [(widths_c, lost[0]), (widths_h, lost[1])])
+        return new_float
+
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
+        pop = prev is None
+        if pop:
+            words = buf.words
+            groups = [words.update_widths(c.shape[1], 0),
+                      words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
+            first, tensors = _check_pops(words, groups), _word_tensors(words)
+            prev = (torch.empty(h.shape, dtype=h.dtype, device=h.device),
+                    torch.empty(c.shape, dtype=c.dtype, device=c.device))
+        else:
+            groups, first, tensors = [[]], 0, _no_words(h.device)
+        grad_h, grad_c = (None, None) if grad is None else grad
+        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, grad_h, grad_c, grad_pre, *tensors,
+                         first, first + len(groups[0]), *_limit(max_bits), pop)
+        if pop:
+            _record_pops(words, groups)
+        return prev
+
+
+TRITON_STEPS = TritonSteps()
+
+__all__ = ["TRITON_STEPS", "TritonSteps"]

@@ -1,0 +1,307 @@
+"""The fused Triton half-steps (revnmt.rnn.kernels.triton_steps): in Triton's interpreter on CPU tensors
+where there is no GPU (tests/conftest.py sets ``TRITON_INTERPRET=1`` before triton is imported), so
+the shapes are small.
+
+- Given the same gates, the kernels make the integers the torch reference makes: the tests take z and u
+  from the kernels' own gate functions (a test kernel calls them) and push them through the torch
+  buffer, against the fused kernels on a triton buffer: new states, words, popped states.
+- The activations are the numba kernels' bit for bit, and every kernel is one dispatched op.
+- A sweep forward and back with ``buffer_backend="triton"`` is exact and its gradients match autograd
+  through the same fixed-point model.
+- The kernels compile ahead of time for sm_80 and sm_90, in a process without the interpreter.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HAS_CUDA, HAS_TRITON
+from test_reversible import _assert_close, _autograd_grads, _problem, _reversal_grads
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from buffers import InformationBuffer, to_float
+from buffers.fixed import forget_multiplier
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from revnmt.rnn.kernels import step_kernels
+    from revnmt.rnn.kernels.triton_steps import (
+        GRU,
+        LSTM_CELL,
+        LSTM_HIDDEN,
+        TRITON_STEPS,
+        _elements,
+        _sigmoid,
+        _tanh,
+        _terms,
+    )
+
+    @triton.jit
+    def _terms_kernel(pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, z_ptr, u_ptr, batch, half, slope,
+                      KIND: tl.constexpr, BLOCK: tl.constexpr):
+        """The float z and u the walks compute for update KIND, written out."""
+        ok, b, j = _elements(0, batch, half, BLOCK)
+        z, u = _terms(KIND, b, j, ok, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
+        tl.store(z_ptr + b * half + j, z, mask=ok)
+        tl.store(u_ptr + b * half + j, u, mask=ok)
+
+    @triton.jit
+    def _activations_kernel(x_ptr, tanh_ptr, sigmoid_ptr, BLOCK: tl.constexpr):
+        k = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + k)
+        tl.store(tanh_ptr + k, _tanh(x))
+        tl.store(sigmoid_ptr + k, _sigmoid(x))
+
+
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+B, H, STORED, MAX_BITS = 5, 6, 2, 3
+
+
+def _gate_terms(kind, pre, proj, aux):
+    """(z, u) of update ``kind`` from the kernels' own gate functions."""
+    z, u = (torch.empty(B, H, device=DEVICE) for _ in range(2))
+    _terms_kernel[(1,)](pre, pre.stride(0), proj, proj.stride(0), aux, aux.stride(0), z, u, B, H,
+                        forget_multiplier(MAX_BITS), KIND=kind, BLOCK=triton.next_power_of_2(B * H))
+    return z, u
+
+
+def _buffers():
+    """A triton and a torch buffer alike: one lane per row, so an update makes a push per column and the
+    slab overflows within a few steps (the tests' forget gates are small)."""
+    return [InformationBuffer(B, 1, DEVICE, MAX_BITS, backend=backend, eager_checks=False)
+            for backend in ("triton", "torch")]
+
+
+def _assert_same_words(a: InformationBuffer, b: InformationBuffer):
+    a.check()
+    b.check()
+    top = int(a.words.top)
+    assert top == int(b.words.top) and torch.equal(a.words.curr, b.words.curr)
+    assert torch.equal(a.words.stack[:top], b.words.stack[:top])
+    assert torch.equal(a.words.flags[: a.pushes], b.words.flags[: b.pushes]) and a.pushes == b.pushes
+
+
+def _mask():
+    return torch.tensor([True, True, False, True, True], device=DEVICE)  # a padded row
+
+
+def test_gru_kernels_make_the_torch_references_integers():
+    torch.manual_seed(0)
+    ours, ref = _buffers()
+    mask, steps = _mask(), 8
+    h = torch.randint(-(1 << 23), 1 << 23, (B, H), dtype=torch.int32, device=DEVICE)
+    states, saved = [h], []
+    for t in range(steps):
+        read = torch.randn(B, H, device=DEVICE)
+        # The step's projection p holds both halves' [z | r | g] columns; these are half 1's.
+        pre_zr, pre_g, p = (torch.randn(B, k * H, device=DEVICE) for k in (2, 1, 6))
+        pre_zr[:, :H] -= 3  # forget about two bits a column
+        rh = torch.empty(B, H, device=DEVICE)
+        s = TRITON_STEPS.gru_gates(pre_zr, p, 3 * H, read, rh)
+        torch.testing.assert_close(s, torch.sigmoid(pre_zr + p[:, 3 * H: 5 * H]))
+        assert torch.equal(rh, s[:, H:] * read)
+        z, u = _gate_terms(GRU, pre_g, p[:, 5 * H:], s)
+        stored = STORED * (t % 2)  # with and without stored columns
+        want = ref.push_update(h, z, u, mask, stored)
+        out = torch.empty_like(h)
+        new_float = TRITON_STEPS.gru_push(ours, h, pre_g, p, 5 * H, s, mask, stored, MAX_BITS, out)
+        assert torch.equal(out, want) and torch.equal(new_float, to_float(out))
+        _assert_same_words(ours, ref)
+        saved.append((pre_g, p, s, stored))
+        h = out
+        states.append(h)
+    assert int(ours.words.top) > 0  # the slab overflowed: the stack is exercised
+    for t in reversed(range(steps)):
+        pre_g, p, s, stored = saved[t]
+        restore = states[t][:, :stored] if stored else None
+        grad = torch.randn(B, H, device=DEVICE)
+        grad_z, grad_g = torch.empty(B, H, device=DEVICE), torch.empty(B, H, device=DEVICE)
+        z, u = _gate_terms(GRU, pre_g, p[:, 5 * H:], s)
+        want = ref.pop_update(h, z, u, mask, stored)
+        if stored:
+            want[:, :stored] = restore
+        got_grad = grad.clone()
+        prev = TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, None, got_grad, grad_z,
+                                        grad_g)
+        assert torch.equal(prev, want) and torch.equal(prev, states[t])
+        _assert_same_words(ours, ref)
+        # The derivative alone, from the given previous half (backward_step), is the same.
+        again = grad.clone(), torch.empty_like(grad_z), torch.empty_like(grad_g)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again)
+        assert all(torch.equal(a, b) for a, b in zip(again, (got_grad, grad_z, grad_g)))
+        h = prev
+    assert ours.is_empty() and ref.is_empty()
+
+
+def test_lstm_kernels_make_the_torch_references_integers():
+    torch.manual_seed(1)
+    ours, ref = _buffers()
+    mask, steps = _mask(), 6
+    h, c = (torch.randint(-(1 << 23), 1 << 23, (B, H), dtype=torch.int32, device=DEVICE) for _ in range(2))
+    states, saved = [(h, c)], []
+    for t in range(steps):
+        pre, p = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 10 * H, device=DEVICE)  # half 1's columns
+        proj = p[:, 5 * H:]
+        pre[:, :H] -= 3  # forget about two bits a column in c, and in h
+        pre[:, 4 * H:] -= 3
+        stored = STORED * (t % 2)
+        z_c, u_c = _gate_terms(LSTM_CELL, pre, proj, c)
+        want_c = ref.push_update(c, z_c, u_c, mask)
+        z_h, u_h = _gate_terms(LSTM_HIDDEN, pre, proj, want_c)
+        want_h = ref.push_update(h, z_h, u_h, mask, stored)
+        out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)  # as the cell's state: [h | c] of one tensor
+        out_h, out_c = out.split(H, 1)
+        new_float = TRITON_STEPS.lstm_push(ours, h, c, pre, p, 5 * H, mask, stored, MAX_BITS, out_h, out_c)
+        assert torch.equal(out_c, want_c) and torch.equal(out_h, want_h) and torch.equal(new_float, to_float(out_h))
+        _assert_same_words(ours, ref)
+        saved.append((pre, p, stored))
+        h, c = out_h, out_c
+        states.append((h, c))
+    assert int(ours.words.top) > 0
+    for t in reversed(range(steps)):
+        pre, p, stored = saved[t]
+        proj = p[:, 5 * H:]
+        restore = states[t][0][:, :stored] if stored else None
+        z_h, u_h = _gate_terms(LSTM_HIDDEN, pre, proj, c)
+        want_h = ref.pop_update(h, z_h, u_h, mask, stored)
+        if stored:
+            want_h[:, :stored] = restore
+        z_c, u_c = _gate_terms(LSTM_CELL, pre, proj, c)
+        want_c = ref.pop_update(c, z_c, u_c, mask)
+        grad = torch.randn(B, H, device=DEVICE), torch.randn(B, H, device=DEVICE)
+        got_grad, grad_pre = tuple(g.clone() for g in grad), torch.empty(B, 5 * H, device=DEVICE)
+        prev = TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, None, got_grad,
+                                         grad_pre)
+        assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
+        assert torch.equal(prev[0], states[t][0]) and torch.equal(prev[1], states[t][1])
+        _assert_same_words(ours, ref)
+        again, again_pre = tuple(g.clone() for g in grad), torch.empty_like(grad_pre)
+        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, again, again_pre)
+        assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
+        h, c = prev
+    assert ours.is_empty() and ref.is_empty()
+
+
+def test_activations_are_the_numba_kernels_bit_for_bit():
+    # IEEE-rounded multiplies, adds and division in the same order: the same floats on any device.
+    from numba import njit
+
+    from revnmt.rnn.kernels import numba_steps
+
+    @njit
+    def numba_acts(x, t, s):
+        for k in range(x.shape[0]):
+            t[k], s[k] = numba_steps._tanh(x[k]), numba_steps._sigmoid(x[k])
+
+    x = torch.cat([torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0]), torch.linspace(-12, 12, 4092),
+                   torch.randn(4096) * 1e-3])  # a power of two in all
+    want = torch.empty_like(x), torch.empty_like(x)
+    numba_acts(x.numpy(), *(w.numpy() for w in want))
+    got = torch.empty_like(x, device=DEVICE), torch.empty_like(x, device=DEVICE)
+    _activations_kernel[(1,)](x.to(DEVICE), *got, BLOCK=x.numel())
+    assert all(torch.equal(g.cpu().nan_to_num(7.0), w.nan_to_num(7.0)) for g, w in zip(got, want))
+    assert got[0][0].isnan() and got[1][0].isnan()  # a NaN stays one (the update reports it)
+
+
+class _Ops(TorchDispatchMode):
+    """The ops dispatched but views and ``empty*``, as benchmarks/layers.py --count-kernels counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = func._schema.returns
+        view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        if not (view or func.__name__.startswith("empty")):
+            self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_kernel_is_one_dispatched_op():
+    # What benchmarks/layers.py --count-kernels counts: a launch is one op, its allocations none.
+    buf = InformationBuffer(B, 2, DEVICE, MAX_BITS, backend="triton", eager_checks=False)
+    h = torch.zeros(B, H, dtype=torch.int32, device=DEVICE)
+    pre, proj, mask = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 5 * H, device=DEVICE), _mask()
+    out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)
+    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))  # builds the device's tables
+    with _Ops() as ops:
+        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))
+    assert ops.names == ["revnmt_rnn::triton_lstm_push"]
+    assert step_kernels("triton") is TRITON_STEPS
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_triton_sweep_is_exact_and_its_gradients_match_autograd(cell):
+    # Padding in three rows and a stored slice: the backward sweep's guard
+    # raises unless the reverse rebuilt the initial state and emptied the buffer.
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 1, 5, device=DEVICE, buffer_backend="triton")
+    rev, rev_x, _, tape = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    assert tape.buffer.backend.name == "triton" and tape.buffer.is_empty()
+    ref, ref_x = _autograd_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    for name in ref:
+        _assert_close(rev[name], ref[name])
+    _assert_close(rev_x, ref_x)
+
+
+_COMPILE = textwrap.dedent("""
+    import sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from buffers.backends.triton_kernels import launch_options
+    from revnmt.rnn.kernels import triton_steps as ts
+
+    INTS = {"h", "c", "out", "out_h", "out_c", "prev", "prev_h", "prev_c", "restore", "status"}
+    BOOLS, LONGS, DOUBLES = {"mask", "flags"}, {"curr", "stack", "top"}, {"lost", "lost_table"}
+    FLOAT_SCALARS = {"slope"}
+
+
+    def arg_type(name):
+        # The types TritonSteps passes: states int32, masks bool, words int64, gates and gradients float32.
+        if not name.endswith("_ptr"):
+            return "fp32" if name in FLOAT_SCALARS else "i32"
+        base = name[:-4]
+        for names, kind in ((INTS, "*i32"), (BOOLS, "*i1"), (LONGS, "*i64"), (DOUBLES, "*fp64")):
+            if base in names:
+                return kind
+        return "*fp32"
+
+
+    options = launch_options(64 * 16)  # batch 64 on 16 lanes, the CUDA default
+    walk = {"LANE_BLOCK": options.pop("LANE_BLOCK"), "ELEMENT_BLOCK": options.pop("ELEMENT_BLOCK")}
+    variants = [(ts._gru_gates_kernel, {"BLOCK": 1024}), (ts._gru_read_grad_kernel, {"BLOCK": 1024}),
+                (ts._gru_push_kernel, walk), (ts._lstm_push_kernel, walk)]
+    variants += [(kernel, dict(walk, POP=pop, DIFF=diff))
+                 for kernel in (ts._gru_reverse_kernel, ts._lstm_reverse_kernel)
+                 for pop, diff in ((True, True), (True, False), (False, True))]
+    for arch in map(int, sys.argv[1:]):
+        for kernel, values in variants:
+            signature = {name: "constexpr" if name in values else arg_type(name) for name in kernel.arg_names}
+            compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
+                                      options=options)
+            assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
+            assert "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
+            print(f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))}: "
+                  f"{len(compiled.asm['cubin'])} bytes of cubin")
+""")
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_step_kernels_compile_for_the_gpu(arch):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[3])  # where the revnmt and buffers packages are
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count(f"sm_{arch}") == 10
