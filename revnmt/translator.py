@@ -47,9 +47,10 @@ class Translator:
         state = load_checkpoint(path, map_location="cpu")
         model = model_from_checkpoint_state(state)
         vocabs = [Vocabulary(state[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
+        data = DataOptions.from_dict(state["data"], str(path))
         step = state.get("trainer", {}).get("step")
         logger.info("loaded %s%s", path, "" if step is None else f" (step {step})")
-        return cls(model.to(device).eval(), *vocabs, DataOptions.from_dict(state["data"], str(path)), max_input_len)
+        return cls(model.to(device).eval(), *vocabs, data, max_input_len)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""

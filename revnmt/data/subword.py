@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import random
 import re
 import time
 from collections.abc import Sequence
@@ -28,10 +29,9 @@ logger = logging.getLogger(__name__)
 
 SUBWORD_TYPES = ("bpe", "unigram")
 DEFAULT_VOCAB_SIZE = 8000
-# Training reads a random sample of at most this many sentences: a large corpus then trains in minutes,
-# and the fixed seed makes the sample, and so the model, the same on every run.
+# Training reads a random sample of at most this many sentences, so that a large corpus trains in minutes.
 SAMPLE_SENTENCES = 1_000_000
-SEED = 1
+SEED = 1  # of the sample: the same corpus gives the same model on every run
 # SentencePiece's messages go to stderr from C++, around our logging; its errors still raise.
 _QUIET = 2
 
@@ -104,14 +104,19 @@ def train_subword_model(sentences: Sequence[str], kind: str, vocab_size: int, na
       languages are small), and ``byte_fallback``: a character the data never showed (an emoji, a
       name in another script) is spelled as its UTF-8 bytes instead of ``<unk>``, so no input is lost
       and every output decodes. The 256 byte pieces count in ``vocab_size``;
-    - at most :data:`SAMPLE_SENTENCES` sentences, a random sample drawn with a fixed seed.
+    - at most :data:`SAMPLE_SENTENCES` sentences, a random sample drawn with a fixed seed. Drawn here:
+      SentencePiece's own sampling (``input_sentence_size``) differs from process to process, even
+      with its random seed set, while its training on the same sentences gives the same model.
     """
     if kind not in SUBWORD_TYPES:
         raise ValueError(f"unknown subword model type {kind!r}; expected one of {', '.join(SUBWORD_TYPES)}")
     if not sentences:
         raise ValueError(f"{name}: no text to train a SentencePiece model on")
+    if len(sentences) > SAMPLE_SENTENCES:
+        logger.info("%s: training the SentencePiece model on a random sample of %d of its %d sentences", name,
+                    SAMPLE_SENTENCES, len(sentences))
+        sentences = [sentences[i] for i in sorted(random.Random(SEED).sample(range(len(sentences)), SAMPLE_SENTENCES))]
     writer = io.BytesIO()
-    spm.set_random_generator_seed(SEED)
     start = time.monotonic()
     try:
         spm.SentencePieceTrainer.train(
@@ -119,7 +124,6 @@ def train_subword_model(sentences: Sequence[str], kind: str, vocab_size: int, na
             character_coverage=1.0, byte_fallback=True,
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
             pad_piece=SPECIALS[PAD], unk_piece=SPECIALS[UNK], bos_piece=SPECIALS[BOS], eos_piece=SPECIALS[EOS],
-            input_sentence_size=SAMPLE_SENTENCES, shuffle_input_sentence=True,
             num_threads=os.cpu_count() or 1, minloglevel=_QUIET)
     except RuntimeError as error:
         raise ValueError(f"{name}: {_training_error(str(error), vocab_size)}") from None
@@ -136,5 +140,6 @@ def _training_error(message: str, vocab_size: int) -> str:
     if match := re.search(r"smaller than required_chars\. \d+ vs (\d+)", message):
         return (f"--vocab-size {vocab_size} is too small: the characters of the training data, the 256 byte "
                 f"pieces and the specials need at least {match[1]}")
-    # Otherwise the message after SentencePiece's source position ("INTERNAL: src/x.cc(12) [check] ").
-    return "SentencePiece training failed: " + re.sub(r"^.*?\] ", "", message).strip()
+    # Otherwise the message after SentencePiece's source position and check ("INTERNAL: src/x.cc(12) [check] "),
+    # or the check itself when that is all there is.
+    return "SentencePiece training failed: " + (re.sub(r"^.*?\] ", "", message).strip() or message)
