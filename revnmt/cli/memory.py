@@ -110,19 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     torch.manual_seed(args.seed)
     try:
-        path = resolve_checkpoint(args.checkpoint) if args.checkpoint else None
-        state = load_checkpoint(path) if path else None
-        if state is None:
+        if args.checkpoint is None:
             data = load_data(args.data_config)
-        else:  # the checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies
+            model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)))
+        else:
+            path = resolve_checkpoint(args.checkpoint)
+            state = load_checkpoint(path)
+            # The checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies.
             data = load_data(args.data_config, DataOptions.from_dict(state["data"], str(path)),
                              (state["src_vocab"], state["tgt_vocab"]))
-        if state is not None:
             # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
             # and so does --buffer-backend, which changes no result.
             state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)
-        model = (model_from_checkpoint_state(state) if state is not None
-                 else build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
+            model = model_from_checkpoint_state(state)
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
