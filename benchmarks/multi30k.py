@@ -3,6 +3,7 @@
     python benchmarks/multi30k.py                      # the four core models, trained to convergence
     python benchmarks/multi30k.py --quick              # the whole pipeline in minutes (small models, few pairs)
     python benchmarks/multi30k.py --models all --jobs 2 --threads 1
+    python benchmarks/multi30k.py --models subword --jobs 2 --threads 1   # the core models on BPE pieces
     python benchmarks/multi30k.py --report             # the table of what RUNS holds now, training nothing
 
 Every model trains with revnmt-train in RUNS/<name>, with the paper's Multi30K setup (its defaults:
@@ -14,6 +15,11 @@ attended source word, as the paper's BLEU was (test-replace-unk.json). Reversibl
 measured on their trained gates with ``revnmt-memory --checkpoint`` (memory.json): encoder and decoder
 ratios, and the token batch that fits --memory-budget, for the model and for its ordinary counterpart
 of the same size.
+
+The ``subword`` models are the core four on SentencePiece pieces instead of Moses words: a joint BPE
+model of 8,000 pieces trained on the training corpus (``--subword bpe --vocab-size 8000 --joint-vocab``),
+lowercased like the word models, so that both BLEUs compare with theirs and the paper's. They have no
+``--replace-unk`` score: subwords leave no ``<unk>`` to replace.
 
 Running the command again resumes unfinished runs (training resumes exactly) and skips finished
 ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
@@ -62,14 +68,20 @@ class Model:
     rnn: str
     attention: str
     bits: str  # max forgetting, "" for ordinary models
+    text: tuple[str, ...] = ()  # revnmt-train's subword options; none: Moses-tokenized words
 
     @property
     def reversible(self) -> bool:
         return self.rnn.startswith("rev")
 
+    @property
+    def subwords(self) -> bool:
+        return bool(self.text)
+
     def options(self) -> list[str]:
         options = ["--rnn", self.rnn, "--attention", self.attention]
-        return options + (["--slice-dim", "20", "--max-forget-bits", self.bits] if self.reversible else [])
+        options += ["--slice-dim", "20", "--max-forget-bits", self.bits] if self.reversible else []
+        return options + list(self.text)
 
 
 CORE = (
@@ -84,7 +96,11 @@ EXTRA = (
     Model("revgru-emb+slice-2bit", "revgru", "emb+slice", "2"),
     Model("revgru-emb+slice-5bit", "revgru", "emb+slice", "5"),
 )
-MODELS = {m.name: m for m in CORE + EXTRA}
+BPE_8K = ("--subword", "bpe", "--vocab-size", "8000", "--joint-vocab")
+SUBWORD = tuple(Model(f"{m.name}-bpe8k", m.rnn, m.attention, m.bits, BPE_8K) for m in CORE)
+MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD}
+GROUPS = {"core": CORE, "all": CORE + EXTRA, "subword": SUBWORD}
+TEXT_LABELS = {(): "words", BPE_8K: "BPE 8k"}  # the table's name for what a model reads
 
 # The campaign began when 16 buffer lanes were the default; they are pinned so that its runs resume exactly.
 # Lanes change only the lowest bits of the states; the memory reports measure the trained models at the default.
@@ -99,7 +115,8 @@ REPLACE_UNK_JSON = "test-replace-unk.json"
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="core",
-                        help=f"'core', 'all' or a comma-separated list of {', '.join(MODELS)} (default: core)")
+                        help="'core' (the four word-level models), 'all' (every word-level model), 'subword' (the "
+                        f"core four on BPE pieces) or a comma-separated list of {', '.join(MODELS)} (default: core)")
     parser.add_argument("--quick", action="store_true", help="small models on 1,000 pairs: checks the pipeline")
     parser.add_argument("--runs", type=Path, help="run directories (default: runs/multi30k, runs/multi30k-quick)")
     parser.add_argument("--data-dir", help="Multi30K folder (default: found as revnmt-train finds it)")
@@ -113,7 +130,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--speed", type=int, default=0, metavar="N",
                         help="time N training batches of each model side by side (after 5 warm-up batches)")
     args = parser.parse_args()
-    names = {"core": [m.name for m in CORE], "all": list(MODELS)}.get(args.models, args.models.split(","))
+    names = [m.name for m in GROUPS[args.models]] if args.models in GROUPS else args.models.split(",")
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown models {', '.join(unknown)}; choose from {', '.join(MODELS)}")
@@ -158,10 +175,10 @@ def replace_unk_command(args: argparse.Namespace, model: Model) -> list[str]:
 
 def pending_steps(args: argparse.Namespace, model: Model) -> list[list[str]]:
     """The commands ``model`` still needs: training (until test.json exists), the test scores with
-    ``--replace-unk``, then the memory report."""
+    ``--replace-unk`` (word models), then the memory report."""
     run = args.runs / model.name
     steps = [] if (run / "test.json").is_file() else [train_command(args, model)]
-    if not (run / REPLACE_UNK_JSON).is_file():
+    if not model.subwords and not (run / REPLACE_UNK_JSON).is_file():
         steps.append(replace_unk_command(args, model))
     if model.reversible and not (run / "memory.json").is_file():
         steps.append(memory_command(args, model))
@@ -236,12 +253,23 @@ WARMUP_BATCHES = 5
 def measure_speed(args: argparse.Namespace) -> dict[str, float]:
     """Training tokens/s of every model on the same Multi30K batches (64 sentences), in this process
     with ``--threads`` threads: fresh weights, Adam, clipping, as revnmt-train. The models take turns
-    batch by batch, so that a slow phase of a shared machine weighs on all of them alike."""
+    batch by batch, so that a slow phase of a shared machine weighs on all of them alike; models on
+    words and models on pieces read different batches, so each kind of text takes its own turns."""
     torch.set_num_threads(args.threads)
-    data = load_data(train_config(train_options(args, args.models[0])).data)  # the data options are shared
+    speed: dict[str, float] = {}
+    for text in dict.fromkeys(model.text for model in args.models):
+        speed |= _speed_side_by_side(args, [model for model in args.models if model.text == text])
+    for name, value in speed.items():
+        print(f"[{name}] {value:.0f} training tokens/s ({args.speed} batches, {args.threads} threads)", flush=True)
+    return speed
+
+
+def _speed_side_by_side(args: argparse.Namespace, models: list[Model]) -> dict[str, float]:
+    """:func:`measure_speed` of models that read the same text (their data options are shared)."""
+    data = load_data(train_config(train_options(args, models[0])).data)
     batches = BatchSampler(data.train.lengths, batch_size=64, seed=1).batches(1)[: WARMUP_BATCHES + args.speed]
     nets, optimizers, clips = {}, {}, {}
-    for model in args.models:
+    for model in models:
         config = train_config(train_options(args, model)).with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
         torch.manual_seed(config.training.seed)
         nets[model.name] = build_model(config.model).to(args.device)
@@ -255,10 +283,7 @@ def measure_speed(args: argparse.Namespace) -> dict[str, float]:
         return train
 
     batches = [make_batch(data.train, indices).to(args.device) for indices in batches]
-    speed = tokens_per_second({name: step(name) for name in nets}, batches, warmup=WARMUP_BATCHES)
-    for name, value in speed.items():
-        print(f"[{name}] {value:.0f} training tokens/s ({args.speed} batches, {args.threads} threads)", flush=True)
-    return speed
+    return tokens_per_second({name: step(name) for name in nets}, batches, warmup=WARMUP_BATCHES)
 
 
 # ---------------------------------------------------------------------------- the table
@@ -274,6 +299,7 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
     best = next((r for r in rows if int(r["step"]) == state["best_step"]), None)
     result = {
         "model": model.name, "rnn": model.rnn, "attention": model.attention, "bits": model.bits,
+        "text": TEXT_LABELS[model.text],
         "finished": (run / "test.json").is_file(),
         "epochs_trained": len(rows),
         "dev_bleu_by_epoch": [float(r["dev_bleu"]) for r in rows],
@@ -304,14 +330,19 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
 
 def budget_tokens(results: list[dict], row: dict) -> int | None:
     """Token batch under the budget: a reversible model's own plan; for an ordinary model, the plan
-    its reversible counterpart's report made for it (same size; an ordinary model's plan does not
-    depend on its trained weights)."""
+    its reversible counterpart's report made for it (same size and text; an ordinary model's plan
+    does not depend on its trained weights)."""
     if row.get("budget"):
         return row["budget"]["batch_tokens"]["reversible"]
     for other in results:
-        if other.get("budget") and other["rnn"] == "rev" + row["rnn"]:
+        if other.get("budget") and other["rnn"] == "rev" + row["rnn"] and other.get("text") == row.get("text"):
             return other["budget"]["batch_tokens"]["ordinary"]
     return None
+
+
+def row_label(row: dict) -> str:
+    """The model column: the RNN, and its text unless it reads words."""
+    return row["rnn"] if row.get("text", "words") == "words" else f"{row['rnn']} ({row['text']})"
 
 
 def markdown(results: list[dict], budget: int) -> str:
@@ -330,7 +361,7 @@ def markdown(results: list[dict], budget: int) -> str:
     for r in results:
         status = "" if r["finished"] else " (training)"
         lines.append(
-            f"| {r['rnn']}{status} | {r['attention']} | {r['bits'] or '–'} | {num(r.get('test_tokenized_bleu'))} | "
+            f"| {row_label(r)}{status} | {r['attention']} | {r['bits'] or '–'} | {num(r.get('test_tokenized_bleu'))} | "
             f"{num(r.get('test_sacrebleu'))} | {num(r.get('test_replace_unk_tokenized_bleu'))} / "
             f"{num(r.get('test_replace_unk_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
             f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['tokens_per_s'], '.0f')} | "
@@ -345,7 +376,7 @@ def markdown(results: list[dict], budget: int) -> str:
 
 def dev_curves(results: list[dict]) -> str:
     """Dev BLEU after every epoch, one column per model: how the runs compare while they train."""
-    head = "| epoch | " + " | ".join(f"{r['rnn']} {r['attention']}" for r in results) + " |"
+    head = "| epoch | " + " | ".join(f"{row_label(r)} {r['attention']}" for r in results) + " |"
     lines = [head, "|---:|" + "---:|" * len(results)]
     for epoch in range(max((r["epochs_trained"] for r in results), default=0)):
         cells = [f"{r['dev_bleu_by_epoch'][epoch]:.2f}" if epoch < r["epochs_trained"] else "" for r in results]

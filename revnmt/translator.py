@@ -1,4 +1,5 @@
-"""Raw text in, raw text out: tokenization, vocabularies, batched search and detokenization."""
+"""Raw text in, raw text out: tokenization (Moses words or SentencePiece pieces), vocabularies, batched search
+and detokenization."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Detokenizer, Tokenizer, Vocabulary, sorted_batches
+from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Vocabulary, sorted_batches
 from revnmt.model import Seq2Seq, model_from_checkpoint_state
 from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
 from revnmt.search import beam_search, greedy
@@ -30,24 +31,26 @@ class Translator:
 
     def __init__(self, model: Seq2Seq, src_vocab: Vocabulary, tgt_vocab: Vocabulary, data: DataOptions,
                  max_input_len: int | None = None) -> None:
-        """``max_input_len`` (tokens; default: the data's ``max_len``, else 100) truncates longer inputs."""
+        """``max_input_len`` (tokens, or pieces for a subword model; default: the data's ``max_len``, else
+        100) truncates longer inputs."""
         self.model, self.src_vocab, self.tgt_vocab, self.data = model, src_vocab, tgt_vocab, data
         self.max_input_len = max_input_len or data.max_len or DEFAULT_MAX_INPUT_LEN
-        self.tokenizer = Tokenizer(data.src, lowercase=data.lowercase)
-        self.detokenizer = Detokenizer(data.tgt)
+        self.tokenizer = data.source_tokenizer()
+        self.detokenizer = data.detokenizer()
 
     @classmethod
     def from_checkpoint(cls, path_or_dir: str | os.PathLike[str], device: str | torch.device = "cpu",
                         max_input_len: int | None = None) -> Translator:
-        """Rebuild model, vocabularies and tokenizers from a checkpoint file or a run directory
-        (its ``best.pt``, else ``last.pt``)."""
+        """Rebuild model, vocabularies and tokenizers (SentencePiece models included: the checkpoint holds
+        them) from a checkpoint file or a run directory (its ``best.pt``, else ``last.pt``)."""
         path = resolve_checkpoint(path_or_dir)
         state = load_checkpoint(path, map_location="cpu")
         model = model_from_checkpoint_state(state)
         vocabs = [Vocabulary(state[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
+        data = DataOptions.from_dict(state["data"], str(path))
         step = state.get("trainer", {}).get("step")
         logger.info("loaded %s%s", path, "" if step is None else f" (step {step})")
-        return cls(model.to(device).eval(), *vocabs, DataOptions(**state["data"]), max_input_len)
+        return cls(model.to(device).eval(), *vocabs, data, max_input_len)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""
@@ -75,7 +78,8 @@ class Translator:
 
         With ``replace_unk`` every ``<unk>`` of an output becomes the source word the attention weighed
         most when it was predicted (OpenNMT's ``-replace_unk``, which the paper's BLEU used): names and
-        numbers outside the target vocabulary come through."""
+        numbers outside the target vocabulary come through. Word models only (:meth:`check_replace_unk`)."""
+        self.check_replace_unk(replace_unk)
         source_words = self._source_tokens(lines)
         outputs = [""] * len(lines)
         with tqdm(total=len(lines), desc="translating", unit="sent", disable=not progress, leave=False) as bar:
@@ -101,10 +105,19 @@ class Translator:
         its own (``open(sys.stdin.fileno(), "rb", closefd=False)``), not ``sys.stdin``: Python aborts at
         shutdown if a daemon thread is blocked in a read of ``sys.stdin.buffer`` then.
         """
+        self.check_replace_unk(replace_unk)
         done = 0
         for batch in _ready_batches(lines, batch_size):
             yield from self._translate_batch(self._source_tokens(batch, first_number=done + 1), beam, replace_unk)
             done += len(batch)
+
+    def check_replace_unk(self, replace_unk: bool = True) -> None:
+        """ValueError if ``replace_unk`` is asked of a subword model: it spells rare words in pieces (and
+        unseen characters in bytes) instead of ``<unk>``, so there is nothing to replace, and a copied
+        source piece would not be a word anyway."""
+        if replace_unk and self.data.subwords:
+            raise ValueError("--replace-unk is for word vocabularies: this model uses SentencePiece subwords, "
+                             "which spell rare words in pieces and leave no <unk> to replace")
 
     def _translate_batch(self, source_words: list[list[str]], beam: int, replace_unk: bool) -> list[str]:
         """Detokenized translations of one batch of tokenized sources ("" for those without tokens)."""

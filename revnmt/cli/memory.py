@@ -13,13 +13,12 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import BatchSampler, load_data, make_batch
+from revnmt.data import BatchSampler, DataOptions, load_data, make_batch
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
@@ -47,7 +46,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_data_options(parser, test_set=False)
     add_model_options(parser)
     parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
-                        "model, vocabularies and data options replace the model options (but --buffer-lanes)")
+                        "model, vocabularies and data options (SentencePiece models included) replace the model and "
+                        "text options (but --buffer-lanes)")
     parser.add_argument("--batches", type=int, default=20, help="training batches measured (default: 20)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
     parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N")
@@ -110,17 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
     torch.manual_seed(args.seed)
     try:
-        state = load_checkpoint(resolve_checkpoint(args.checkpoint)) if args.checkpoint else None
-        data_config = args.data_config
-        if state is not None:  # the checkpoint decides how text becomes ids
-            data_config = replace(data_config, lowercase=state["data"]["lowercase"], max_len=state["data"]["max_len"])
-        data = load_data(data_config, None if state is None else (state["src_vocab"], state["tgt_vocab"]))
-        if state is not None:
+        if args.checkpoint is None:
+            data = load_data(args.data_config)
+            model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)))
+        else:
+            path = resolve_checkpoint(args.checkpoint)
+            state = load_checkpoint(path)
+            # The checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies.
+            data = load_data(args.data_config, DataOptions.from_dict(state["data"], str(path)),
+                             (state["src_vocab"], state["tgt_vocab"]))
             # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
             # and so does --buffer-backend, which changes no result.
             state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)
-        model = (model_from_checkpoint_state(state) if state is not None
-                 else build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab))))
+            model = model_from_checkpoint_state(state)
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

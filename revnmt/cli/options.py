@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from buffers import BACKENDS, backends
-from revnmt.data import SPECIALS, DataConfig
+from revnmt.data import DEFAULT_VOCAB_SIZE, SPECIALS, SUBWORD_TYPES, DataConfig
 from revnmt.memory.sizes import parse_bytes
 from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
 from revnmt.rnn import DEFAULT_LANES
@@ -83,12 +83,26 @@ def add_data_options(parser: argparse.ArgumentParser, test_set: bool = True) -> 
     data.add_argument("--src", default="en", help="source language (file suffix and Moses rules)")
     data.add_argument("--tgt", default="de", help="target language")
     data.add_argument("--lowercase", action=argparse.BooleanOptionalAction,
-                      help="lowercase tokens (default: on for Multi30K, off otherwise)")
+                      help="lowercase the text, and so the output (default: on for Multi30K, off otherwise)")
     data.add_argument("--max-len", type=positive_int, default=50,
-                      help="drop training pairs with more tokens on a side; translation truncates longer inputs")
-    data.add_argument("--min-freq", type=positive_int, default=2, help="vocabulary: minimum token count")
-    data.add_argument("--max-vocab", type=positive_int, help="vocabulary: most frequent tokens kept (no limit)")
+                      help="drop training pairs with more tokens (pieces with subwords) on a side; translation "
+                      "truncates longer inputs")
+    data.add_argument("--min-freq", type=positive_int, default=2, help="word vocabulary: minimum token count")
+    data.add_argument("--max-vocab", type=positive_int, help="word vocabulary: most frequent tokens kept (no limit)")
     data.add_argument("--train-limit", type=positive_int, metavar="N", help="train on the first N pairs only")
+    subword = parser.add_argument_group("subwords (SentencePiece)")
+    subword.add_argument("--subword", choices=["none", *SUBWORD_TYPES],
+                         help="split raw text into the pieces of a SentencePiece model of this type, trained on the "
+                         "training corpus before training starts and kept in the run (default: none, Moses-tokenized "
+                         "words, the paper's setup)")
+    subword.add_argument("--vocab-size", type=positive_int,
+                         help=f"--subword: pieces per model, specials and 256 byte pieces included (default: "
+                         f"{DEFAULT_VOCAB_SIZE})")
+    subword.add_argument("--joint-vocab", action=argparse.BooleanOptionalAction,
+                         help="--subword: one model for both languages (default), or one per language")
+    subword.add_argument("--spm-model", nargs="+", metavar="PATH",
+                         help="use trained SentencePiece models instead of --subword: one PATH for both languages, or "
+                         "two, the source's and the target's")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -159,10 +173,25 @@ def data_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Da
     else:
         data = "multi30k"
     lowercase = data == "multi30k" if args.lowercase is None else args.lowercase
+    spm_model = tuple(args.spm_model or ())
+    subword_options = [name for name, value in (("--subword", args.subword), ("--vocab-size", args.vocab_size),
+                                                ("--joint-vocab", args.joint_vocab)) if value is not None]
+    if spm_model:
+        if len(spm_model) > 2:
+            parser.error(f"--spm-model takes one model for both languages, or two (source, target): got "
+                         f"{len(spm_model)}")
+        if subword_options:
+            parser.error(f"--spm-model brings its own SentencePiece models: leave out {', '.join(subword_options)}")
+    elif args.subword in (None, "none") and (args.vocab_size is not None or args.joint_vocab is not None):
+        parser.error("--vocab-size and --joint-vocab shape the SentencePiece models --subword trains: give "
+                     "--subword bpe or unigram")
     return DataConfig(data=data, data_dir=args.data_dir, train=args.train, valid=args.valid,
                       test=getattr(args, "test", None), src=args.src, tgt=args.tgt, lowercase=lowercase,
                       max_len=args.max_len, min_freq=args.min_freq, max_vocab=args.max_vocab,
-                      train_limit=args.train_limit)
+                      train_limit=args.train_limit, subword=args.subword or "none",
+                      vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
+                      joint_vocab=len(spm_model) < 2 if spm_model else args.joint_vocab is not False,
+                      spm_model=spm_model)
 
 
 def check_device(parser: argparse.ArgumentParser, device: str) -> None:

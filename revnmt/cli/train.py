@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from revnmt.atomic import atomic_write_text
+from revnmt.atomic import atomic_write_bytes, atomic_write_text
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
-from revnmt.data import TrainingData, load_data
+from revnmt.data import DataOptions, TrainingData, load_data, text_options
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.model import Seq2Seq, build_model
@@ -53,6 +53,7 @@ from .options import (
 PROG = "revnmt-train"
 logger = logging.getLogger("revnmt.train")
 
+SPM_MODEL = "spm.model"
 USAGE_ERROR = 2  # the exit status of argparse errors, used for every mistake in the command or data
 TRAINING_FAILED = 1  # a Hogwild worker failed
 
@@ -175,8 +176,12 @@ def _run(config: RunConfig, job: Job) -> int:
     try:
         config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
         checkpoint = job.from_main(lambda: _resumable_checkpoint(config))
-        vocabs = None if checkpoint is None else (checkpoint["src_vocab"], checkpoint["tgt_vocab"])
-        data = load_data(config.data, vocabs)
+        if checkpoint is None:  # rank 0 trains the SentencePiece models of --subword, every rank gets them
+            options, vocabs = job.from_main(lambda: text_options(config.data)), None
+        else:  # resuming: the checkpoint's SentencePiece models and vocabularies, never trained again
+            options = DataOptions.from_dict(checkpoint["data"], str(save_dir / LAST_CHECKPOINT))
+            vocabs = (checkpoint["src_vocab"], checkpoint["tgt_vocab"])
+        data = load_data(config.data, options, vocabs)
     # Missing or malformed data and checkpoints are the user's to fix: one line, no traceback.
     except (OSError, ValueError, RuntimeError) as error:
         logger.error("%s", error)
@@ -204,6 +209,7 @@ def _run(config: RunConfig, job: Job) -> int:
         atomic_write_text(save_dir / "config.json", json.dumps(config.options(), indent=2) + "\n")
         data.src_vocab.save(save_dir / "src.vocab")
         data.tgt_vocab.save(save_dir / "tgt.vocab")
+        _save_subword_models(save_dir, data.options)
 
     try:
         trainer.train()
@@ -213,6 +219,18 @@ def _run(config: RunConfig, job: Job) -> int:
     if data.test_text is not None and job.is_main:
         _test(config, data)
     return 0
+
+
+def _save_subword_models(save_dir: Path, options: DataOptions) -> None:
+    """The SentencePiece models beside the vocabularies, for other tools and for --spm-model: ``spm.model``
+    for both languages, or ``src.spm.model`` and ``tgt.spm.model``. The checkpoints hold them too."""
+    if not options.subwords:
+        return
+    if options.src_spm == options.tgt_spm:
+        atomic_write_bytes(save_dir / SPM_MODEL, options.src_spm)
+    else:
+        atomic_write_bytes(save_dir / f"src.{SPM_MODEL}", options.src_spm)
+        atomic_write_bytes(save_dir / f"tgt.{SPM_MODEL}", options.tgt_spm)
 
 
 def _make_trainer(config: RunConfig, data: TrainingData, model: Seq2Seq, plan: BudgetPlan | None,

@@ -42,9 +42,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference", metavar="FILE", help="raw reference translations: print BLEU to stderr")
     parser.add_argument("--json", metavar="FILE", help="with --reference, also write the scores to this file")
     parser.add_argument("--replace-unk", action="store_true",
-                        help="replace each <unk> in the output by the source word attended most when it was produced")
+                        help="replace each <unk> in the output by the source word attended most when it was produced "
+                        "(word vocabularies; subword models have no <unk> to replace)")
     parser.add_argument("--max-len", type=int, metavar="N",
-                        help="truncate inputs to this many tokens (default: the training --max-len, else 100)")
+                        help="truncate inputs to this many tokens, pieces for a subword model (default: the training "
+                        "--max-len, else 100)")
     args = parser.parse_args(argv)
     if args.json and not args.reference:
         parser.error("--json writes the scores against --reference: give --reference too")
@@ -69,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         references = read_lines(args.reference) if args.reference else None
         # Before stdin is read: a bad checkpoint should not wait for the user's input to fail.
         translator = Translator.from_checkpoint(args.checkpoint, args.device, args.max_len)
+        translator.check_replace_unk(args.replace_unk)
         if lines is not None:
             _check_reference_count(args.reference, references, len(lines))
         elif sys.stdin.isatty():

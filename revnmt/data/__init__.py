@@ -1,18 +1,27 @@
-"""Data pipeline: raw parallel text -> Moses tokens -> vocabulary ids -> padded batches."""
+"""Data pipeline: raw parallel text -> Moses tokens or SentencePiece pieces -> vocabulary ids -> padded batches."""
 
 from revnmt.data.batching import Batch, BatchSampler, EncodedDataset, Example, make_batch, sorted_batches
 from revnmt.data.corpus import ParallelCorpus, decode_lines, decode_stream, language_file, load_parallel, read_lines
-from revnmt.data.loading import DataConfig, DataOptions, TrainingData, load_data
+from revnmt.data.loading import DataConfig, DataOptions, TrainingData, load_data, text_options
 from revnmt.data.multi30k import MULTI30K_SPLITS, find_multi30k, multi30k_prefix
-from revnmt.data.tokenization import Detokenizer, Tokenizer
+from revnmt.data.subword import (
+    DEFAULT_VOCAB_SIZE,
+    SUBWORD_TYPES,
+    SubwordTokenizer,
+    read_subword_model,
+    train_subword_model,
+)
+from revnmt.data.tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
 from revnmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocabulary
 
 __all__ = [
     "BOS",
+    "DEFAULT_VOCAB_SIZE",
     "EOS",
     "MULTI30K_SPLITS",
     "PAD",
     "SPECIALS",
+    "SUBWORD_TYPES",
     "UNK",
     "Batch",
     "DataConfig",
@@ -22,6 +31,9 @@ __all__ = [
     "EncodedDataset",
     "Example",
     "ParallelCorpus",
+    "SentenceDetokenizer",
+    "SentenceTokenizer",
+    "SubwordTokenizer",
     "TrainingData",
     "Tokenizer",
     "Vocabulary",
@@ -32,7 +44,10 @@ __all__ = [
     "make_batch",
     "multi30k_prefix",
     "read_lines",
+    "read_subword_model",
     "decode_lines",
     "decode_stream",
     "sorted_batches",
+    "text_options",
+    "train_subword_model",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from revnmt.data.corpus import ParallelCorpus
-from revnmt.data.tokenization import Tokenizer
+from revnmt.data.tokenization import SentenceTokenizer
 from revnmt.data.vocab import BOS, EOS, PAD, Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,8 @@ class EncodedDataset:
     def from_corpus(
         cls,
         corpus: ParallelCorpus,
-        src_tok: Tokenizer,
-        tgt_tok: Tokenizer,
+        src_tok: SentenceTokenizer,
+        tgt_tok: SentenceTokenizer,
         src_vocab: Vocabulary,
         tgt_vocab: Vocabulary,
         max_len: int | None = None,

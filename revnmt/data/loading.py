@@ -1,15 +1,17 @@
-"""What a training run reads: the corpora named by a :class:`DataConfig`, their vocabularies, and the
-encoded datasets (:func:`load_data`)."""
+"""What a training run reads: the corpora named by a :class:`DataConfig`, how their text becomes tokens
+(:class:`DataOptions`, with the SentencePiece models of a subword run), their vocabularies, and the encoded
+datasets (:func:`load_data`)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from .batching import EncodedDataset
 from .corpus import ParallelCorpus, load_parallel
 from .multi30k import MULTI30K_SPLITS, find_multi30k
-from .tokenization import Tokenizer
+from .subword import DEFAULT_VOCAB_SIZE, SUBWORD_TYPES, SubwordTokenizer, read_subword_model, train_subword_model
+from .tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
 from .vocab import SPECIALS, Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -17,15 +19,56 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DataOptions:
-    """How a model's text was prepared; stored in checkpoints as ``"data"`` and used by translation."""
+    """How a model's text was prepared; stored in checkpoints as ``"data"`` and used by translation.
+
+    Without SentencePiece models the text is Moses-tokenized into words; with them (``src_spm`` and
+    ``tgt_spm``, the serialized models, the same bytes for a joint vocabulary) raw text is split into
+    pieces. ``max_len`` counts the tokens of either kind.
+    """
 
     src: str
     tgt: str
     lowercase: bool
     max_len: int | None
+    src_spm: bytes | None = field(default=None, repr=False)
+    tgt_spm: bytes | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, options: dict, name: str = "checkpoint") -> DataOptions:
+        """The options of a checkpoint (``to_dict``; checkpoints from before subwords have no models);
+        ValueError naming ``name`` if its SentencePiece models are corrupt."""
+        data = cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
+        if data.subwords:
+            try:
+                data.source_tokenizer(), data.target_tokenizer()
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+        return data
+
+    @property
+    def subwords(self) -> bool:
+        return self.src_spm is not None
+
+    def source_tokenizer(self) -> SentenceTokenizer:
+        """What splits a raw source sentence into the tokens of the source vocabulary."""
+        if self.src_spm is not None:
+            return SubwordTokenizer(self.src_spm, self.lowercase, name=f"the {self.src} SentencePiece model")
+        return Tokenizer(self.src, self.lowercase)
+
+    def target_tokenizer(self) -> SentenceTokenizer:
+        """What splits a raw target sentence into the tokens of the target vocabulary."""
+        if self.tgt_spm is not None:
+            return SubwordTokenizer(self.tgt_spm, self.lowercase, name=f"the {self.tgt} SentencePiece model")
+        return Tokenizer(self.tgt, self.lowercase)
+
+    def detokenizer(self) -> SentenceDetokenizer:
+        """What joins target tokens into raw text."""
+        if self.tgt_spm is not None:
+            return SubwordTokenizer(self.tgt_spm, self.lowercase, name=f"the {self.tgt} SentencePiece model")
+        return Detokenizer(self.tgt)
 
 
 @dataclass(frozen=True)
@@ -35,6 +78,11 @@ class DataConfig:
     Either ``data="multi30k"`` (found in ``data_dir`` or the usual places, else downloaded) or the
     file prefixes ``train``/``valid`` (``PREFIX.SRC`` and ``PREFIX.TGT``, plain or .gz); ``test`` is
     optional (Multi30K: test2016 by default).
+
+    Text becomes Moses-tokenized words (``subword="none"``, the paper's setup) or SentencePiece pieces:
+    ``subword="bpe"`` or ``"unigram"`` trains a model of ``vocab_size`` pieces on the training corpus
+    before training starts (one for both languages with ``joint_vocab``, else one per language), or
+    ``spm_model`` names ready models (one path for both languages, or the source's and the target's).
     """
 
     data: str | None = None
@@ -45,14 +93,22 @@ class DataConfig:
     src: str = "en"
     tgt: str = "de"
     lowercase: bool = False
-    max_len: int = 50  # training pairs with more tokens on a side are dropped
-    min_freq: int = 2
-    max_vocab: int | None = None
+    max_len: int = 50  # training pairs with more tokens (words or pieces) on a side are dropped
+    min_freq: int = 2  # word vocabulary
+    max_vocab: int | None = None  # word vocabulary
     train_limit: int | None = None  # train on the first N pairs only
+    subword: str = "none"
+    vocab_size: int = DEFAULT_VOCAB_SIZE  # pieces per trained SentencePiece model, specials included
+    joint_vocab: bool = True
+    spm_model: tuple[str, ...] = ()
 
-    @property
-    def options(self) -> DataOptions:
-        return DataOptions(self.src, self.tgt, self.lowercase, self.max_len)
+    def __post_init__(self) -> None:
+        if self.subword not in ("none", *SUBWORD_TYPES):
+            raise ValueError(f"subword must be none, {' or '.join(SUBWORD_TYPES)}, got {self.subword!r}")
+        if len(self.spm_model) > 2:
+            raise ValueError(f"give one SentencePiece model for both languages, or two: got {len(self.spm_model)}")
+        if self.spm_model and self.subword != "none":
+            raise ValueError("either train a SentencePiece model (subword) or use one (spm_model), not both")
 
     def resolved(self) -> DataConfig:
         """The same config with Multi30K's file prefixes filled in (locating or downloading it); an
@@ -77,40 +133,80 @@ class TrainingData:
     test_text: ParallelCorpus | None
 
 
-def load_data(config: DataConfig, vocab_tokens: tuple[list[str], list[str]] | None = None) -> TrainingData:
-    """Read and encode the corpora of ``config`` (resolved first, see :meth:`DataConfig.resolved`).
-
-    ``vocab_tokens`` (the token lists of a checkpoint, specials included) are reused when
-    resuming; otherwise the vocabularies are built from the training corpus.
-    Raises FileNotFoundError / ValueError with messages meant for the user.
-    """
+def text_options(config: DataConfig, train: ParallelCorpus | None = None) -> DataOptions:
+    """How the text of a new run becomes tokens: the options of ``config`` (resolved), with its
+    SentencePiece models read (``spm_model``) or trained on the training corpus (``subword``; ``train``
+    if given, else read). A resumed run takes its checkpoint's options instead, and so never retrains
+    its models. FileNotFoundError / ValueError with messages meant for the user."""
     config = config.resolved()
+    options = DataOptions(config.src, config.tgt, config.lowercase, config.max_len)
+    if config.spm_model:
+        src_path, tgt_path = config.spm_model if len(config.spm_model) == 2 else config.spm_model * 2
+        return replace(options, src_spm=read_subword_model(src_path), tgt_spm=read_subword_model(tgt_path))
+    if config.subword == "none":
+        return options
+    train = train or _training_corpus(config)
+    # Trained on the text as it will be split: lowercased if the run lowercases.
+    src, tgt = ([line.lower() for line in lines] if config.lowercase else lines for lines in (train.src, train.tgt))
+
+    def trained(sentences: list[str], langs: str) -> bytes:
+        return train_subword_model(sentences, config.subword, config.vocab_size,
+                                   f"the training corpus {config.train} ({langs})")
+
+    if config.joint_vocab:
+        model = trained(src + tgt, f"{config.src} and {config.tgt}")
+        return replace(options, src_spm=model, tgt_spm=model)
+    return replace(options, src_spm=trained(src, config.src), tgt_spm=trained(tgt, config.tgt))
+
+
+def _training_corpus(config: DataConfig) -> ParallelCorpus:
+    """The training pairs of a resolved config (the first ``train_limit`` of them)."""
     if not (config.train and config.valid):
         raise ValueError("no training data: give --data multi30k, or --train and --valid")
     train = load_parallel(config.train, config.src, config.tgt)
     if config.train_limit is not None and config.train_limit < len(train):
         train = ParallelCorpus(train.src[: config.train_limit], train.tgt[: config.train_limit], train.name)
+    return train
+
+
+def load_data(config: DataConfig, options: DataOptions | None = None,
+              vocab_tokens: tuple[list[str], list[str]] | None = None) -> TrainingData:
+    """Read and encode the corpora of ``config`` (resolved first, see :meth:`DataConfig.resolved`).
+
+    ``options`` say how text becomes tokens (default: :func:`text_options`, which trains the SentencePiece
+    models of a subword config); a checkpoint's are given when resuming or measuring a trained model.
+    ``vocab_tokens`` (the token lists of a checkpoint, specials included) are reused when resuming;
+    otherwise the vocabularies are built from the training corpus (words) or are the SentencePiece
+    models' pieces. Raises FileNotFoundError / ValueError with messages meant for the user.
+    """
+    config = config.resolved()
+    train = _training_corpus(config)
     valid = load_parallel(config.valid, config.src, config.tgt)
     test = load_parallel(config.test, config.src, config.tgt) if config.test else None  # missing files fail now
+    options = options or text_options(config, train)
 
-    src_tok, tgt_tok = Tokenizer(config.src, config.lowercase), Tokenizer(config.tgt, config.lowercase)
-    if vocab_tokens is None:
+    src_tok, tgt_tok = options.source_tokenizer(), options.target_tokenizer()
+    if vocab_tokens is not None:
+        src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocab_tokens)
+    elif options.subwords:
+        src_vocab, tgt_vocab = src_tok.vocabulary(), tgt_tok.vocabulary()
+    else:
         src_vocab, tgt_vocab = (Vocabulary.build((tok.tokenize(line) for line in lines), config.min_freq,
                                                  config.max_vocab)
                                 for tok, lines in ((src_tok, train.src), (tgt_tok, train.tgt)))
         for lang, vocab in ((config.src, src_vocab), (config.tgt, tgt_vocab)):
             if len(vocab) == len(SPECIALS):
                 raise ValueError(f"{config.train}: no {lang} token occurs --min-freq {config.min_freq} times")
-    else:
-        src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocab_tokens)
 
-    train_set = EncodedDataset.from_corpus(train, src_tok, tgt_tok, src_vocab, tgt_vocab, max_len=config.max_len)
+    unit = "pieces" if options.subwords else "tokens"
+    train_set = EncodedDataset.from_corpus(train, src_tok, tgt_tok, src_vocab, tgt_vocab, max_len=options.max_len)
     if len(train_set) == 0:
-        raise ValueError(f"{config.train}: no training pair has at most --max-len {config.max_len} tokens per side")
+        raise ValueError(f"{config.train}: no training pair has at most --max-len {options.max_len} {unit} per side")
     valid_set = EncodedDataset.from_corpus(valid, src_tok, tgt_tok, src_vocab, tgt_vocab)
     if len(valid_set) == 0:
-        raise ValueError(f"{config.valid}: no dev pair has a source with tokens")
-    logger.info("data: %d training pairs (%d filtered), %d dev pairs%s; vocabularies: %s %d, %s %d tokens",
-                len(train_set), train_set.n_filtered, len(valid_set),
-                f", {len(test)} test pairs" if test else "", config.src, len(src_vocab), config.tgt, len(tgt_vocab))
-    return TrainingData(config.options, src_vocab, tgt_vocab, train_set, valid_set, valid, test)
+        raise ValueError(f"{config.valid}: no dev pair has a source with {unit}")
+    logger.info("data: %d training pairs (%d filtered), %d dev pairs%s; vocabularies: %s %d, %s %d %s; %s per "
+                "training sentence: %s %.1f, %s %.1f", len(train_set), train_set.n_filtered, len(valid_set),
+                f", {len(test)} test pairs" if test else "", config.src, len(src_vocab), config.tgt, len(tgt_vocab),
+                unit, unit, config.src, train_set.src_lengths.mean(), config.tgt, train_set.tgt_lengths.mean())
+    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test)

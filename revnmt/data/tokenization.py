@@ -1,13 +1,29 @@
-"""Moses tokenization (as ``tokenizer.perl -a -no-escape``) and detokenization via sacremoses."""
+"""Moses tokenization (as ``tokenizer.perl -a -no-escape``) and detokenization via sacremoses, and what any
+tokenizer of revnmt does (SentencePiece's is :class:`revnmt.data.subword.SubwordTokenizer`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from sacremoses import MosesDetokenizer, MosesTokenizer
 
 # What aggressive dash splitting puts between the halves of a hyphenated word ("well @-@ known").
 DASH_SPLIT = "@-@"
+
+
+class SentenceTokenizer(Protocol):
+    """Splits a raw sentence into the tokens a vocabulary maps: Moses words, or SentencePiece pieces."""
+
+    lowercase: bool
+
+    def tokenize(self, line: str) -> list[str]: ...
+
+
+class SentenceDetokenizer(Protocol):
+    """Joins the tokens of a sentence into raw text."""
+
+    def detokenize(self, tokens: Sequence[str]) -> str: ...
 
 
 class Tokenizer:

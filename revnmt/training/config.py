@@ -7,7 +7,7 @@ The model and the data have their own configs (:class:`revnmt.model.ModelConfig`
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from revnmt.data import DataConfig
 from revnmt.model import ModelConfig
@@ -17,9 +17,9 @@ DEFAULT_LR = {"adam": 1e-3, "sgd": 1.0}
 
 # Options that fix what a run trains on and in which order: resuming with other values would
 # silently continue a different run, so resuming refuses it.
-RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "train_limit", "batch_size",
-                "batch_tokens", "memory_budget", "seed", "rnn", "attention", "slice_dim", "max_forget_bits", "emb_dim",
-                "hidden_size", "layers", "dropout", "buffer_lanes")
+RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "train_limit", "subword", "vocab_size",
+                "joint_vocab", "spm_model", "batch_size", "batch_tokens", "memory_budget", "seed", "rnn", "attention",
+                "slice_dim", "max_forget_bits", "emb_dim", "hidden_size", "layers", "dropout", "buffer_lanes")
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ class RunConfig:
     def from_checkpoint(cls, checkpoint: dict) -> RunConfig:
         """The run a checkpoint was saved by (its ``"args"`` and ``"model_config"``)."""
         options = dict(checkpoint["args"])
-        if options.get("devices") is not None:
-            options["devices"] = tuple(options["devices"])
+        for key in ("devices", "spm_model"):  # lists in JSON and checkpoints, tuples in the frozen configs
+            if options.get(key) is not None:
+                options[key] = tuple(options[key])
 
         def pick(kind: type) -> object:
             return kind(**{f.name: options[f.name] for f in fields(kind) if f.name in options})
@@ -84,14 +85,23 @@ class RunConfig:
         ``config.json`` and a checkpoint's ``"args"`` hold, and what resuming compares."""
         model = {f.name: getattr(self.model, f.name) for f in fields(self.model)
                  if f.name not in ("src_vocab", "tgt_vocab")}  # known from the data, not options
-        training = asdict(self.training)
+        data, training = asdict(self.data), asdict(self.training)
+        data["spm_model"] = list(data["spm_model"])
         if training["devices"] is not None:
             training["devices"] = list(training["devices"])
-        return {**asdict(self.data), **model, **training}
+        return {**data, **model, **training}
 
     def changes_from(self, saved: dict) -> list[str]:
         """The run-defining options whose values differ from a checkpoint's ``"args"``, as
-        ``--name saved (now current)``."""
-        current = self.options()
+        ``--name saved (now current)``. An option the checkpoint lacks came after it was saved: its run
+        had the option's default (as :meth:`from_checkpoint` takes it)."""
+        current, saved = self.options(), {**_option_defaults(), **saved}
         return [f"--{key.replace('_', '-')} {saved.get(key)} (now {current[key]})"
                 for key in RUN_DEFINING if saved.get(key) != current[key]]
+
+
+def _option_defaults() -> dict:
+    """Every option's default, as :meth:`RunConfig.options` writes it."""
+    defaults = {f.name: f.default for kind in (DataConfig, ModelConfig, TrainingConfig) for f in fields(kind)
+                if f.default is not MISSING}
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in defaults.items()}

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from revnmt.checkpoint import save_checkpoint
-from revnmt.data import EOS, PAD, Vocabulary
+from revnmt.data import EOS, PAD, SubwordTokenizer, Vocabulary, train_subword_model
 from revnmt.model import Encoded, ModelConfig, build_model
 from revnmt.translator import DataOptions, Translator, evaluate
 
@@ -18,8 +18,9 @@ VOCAB = Vocabulary(sorted(set(WORDS)))
 class CopyModel(nn.Module):
     """Translates by copying the source ids (source and target vocabularies are the same)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab_size: int = len(VOCAB)) -> None:
         super().__init__()
+        self.vocab_size = vocab_size
         self.unused = nn.Parameter(torch.zeros(1))  # the translator finds the device from a parameter
 
     def encode(self, src, src_len):
@@ -31,7 +32,8 @@ class CopyModel(nn.Module):
         position, src = state[:, 0], state[:, 1:]
         nxt = src.gather(1, position.clamp(max=src.shape[1] - 1).unsqueeze(1)).squeeze(1)
         nxt = torch.where((position < src.shape[1]) & (nxt != PAD), nxt, EOS)
-        log_probs = torch.full((len(prev), len(VOCAB)), -20.0)
+        log_probs = torch.full((len(prev), self.vocab_size), -20.0)
+        log_probs[:, EOS] = -1000.0  # beam search must not finish early on an unlikely EOS: outputs stay copies
         log_probs[torch.arange(len(prev)), nxt] = 0.0
         return log_probs, torch.cat([state[:, :1] + 1, src], dim=1)
 
@@ -168,3 +170,57 @@ def test_evaluate_reports_both_bleus_case_insensitive_for_lowercasing_models():
     assert lowered.tokenized_bleu == cased.tokenized_bleu == pytest.approx(100.0)
     assert "case:lc" in lowered.lines()[0] and "signature" in lowered.lines()[0]
     assert "case:mixed" in cased.lines()[0]
+
+
+# A SentencePiece model of the words above (and their characters), joint for both sides.
+SUBWORDS = train_subword_model(["A man rides a red bike.", "Two dogs play in the snow."] * 20, "bpe", 300, "test")
+SUBWORD_VOCAB = SubwordTokenizer(SUBWORDS).vocabulary()
+
+
+def _subword_copier(lowercase: bool = False, max_input_len: int | None = None) -> Translator:
+    options = DataOptions("en", "en", lowercase=lowercase, max_len=None, src_spm=SUBWORDS, tgt_spm=SUBWORDS)
+    return Translator(CopyModel(len(SUBWORD_VOCAB)), SUBWORD_VOCAB, SUBWORD_VOCAB, options, max_input_len)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_subword_model_reads_raw_text_and_writes_raw_text_in_its_case(beam):
+    lines = ["A man rides a red Bike.", "", "Zoë and 😀 ride TWO dogs!", "  two   dogs ", "Élan vital"]
+    expected = ["A man rides a red Bike.", "", "Zoë and 😀 ride TWO dogs!", "two dogs", "Élan vital"]
+    assert _subword_copier().translate(lines, beam=beam, batch_size=2) == expected
+    assert _subword_copier(lowercase=True).translate(lines, beam=beam) == [line.lower() for line in expected]
+    assert list(_subword_copier().translate_stream(iter(lines), beam=beam)) == expected
+
+
+def test_a_subword_model_truncates_inputs_by_pieces(caplog):
+    translator = _subword_copier(max_input_len=3)
+    with caplog.at_level(logging.WARNING):
+        outputs = translator.translate(["A man rides", "Two"], beam=1)
+    pieces = translator.tokenizer.tokenize("A man rides")
+    assert len(pieces) > 3 and outputs == [translator.detokenizer.detokenize(pieces[:3]), "Two"]
+    assert "truncated 1 input line(s) longer than 3 tokens: line 1" in caplog.text
+
+
+def test_replace_unk_is_refused_for_a_subword_model():
+    for translate in (lambda t: t.translate(["a man"], replace_unk=True),
+                      lambda t: list(t.translate_stream(["a man"], replace_unk=True))):
+        with pytest.raises(ValueError, match="--replace-unk is for word vocabularies"):
+            translate(_subword_copier())
+
+
+def test_from_checkpoint_rebuilds_a_subword_model_and_refuses_a_corrupt_one(tmp_path):
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2,
+                      src_vocab=len(SUBWORD_VOCAB), tgt_vocab=len(SUBWORD_VOCAB))
+    model = build_model(cfg).eval()
+    data = DataOptions("en", "de", lowercase=False, max_len=5, src_spm=SUBWORDS, tgt_spm=SUBWORDS)
+    state = {"model_config": cfg.to_dict(), "model": model.state_dict(), "src_vocab": SUBWORD_VOCAB.itos,
+             "tgt_vocab": SUBWORD_VOCAB.itos, "data": data.to_dict(), "trainer": {"step": 3}}
+    save_checkpoint(tmp_path / "best.pt", state)
+    loaded = Translator.from_checkpoint(tmp_path / "best.pt", "cpu")
+    assert loaded.data == data and loaded.data.subwords
+    lines = ["Two dogs play.", "", "A man rides a red Bike in the snow."]
+    assert loaded.translate(lines, beam=2) == Translator(model, SUBWORD_VOCAB, SUBWORD_VOCAB, data).translate(lines)
+
+    save_checkpoint(tmp_path / "bad.pt", {**state, "data": {**data.to_dict(), "tgt_spm": SUBWORDS[:100]}})
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'bad.pt'}: the de SentencePiece model: not a SentencePiece"):
+        Translator.from_checkpoint(tmp_path / "bad.pt", "cpu")

@@ -1,4 +1,5 @@
-"""benchmarks/multi30k.py --quick as a user runs it: train, score, measure and tabulate two models."""
+"""benchmarks/multi30k.py --quick as a user runs it: train, score, measure and tabulate three models, one of
+them on subwords."""
 
 import json
 import subprocess
@@ -20,19 +21,22 @@ def test_quick_mode_fills_the_table(tmp_path):
         pytest.skip("Multi30K is not on this machine")
     runs, kept = tmp_path / "runs", tmp_path / "kept"
     command = [sys.executable, str(REPO / "benchmarks/multi30k.py"), "--quick", "--data-dir", str(data),
-               "--models", "gru-hidden,revgru-emb+slice-3bit", "--runs", str(runs), "--jobs", "2", "--threads", "1",
-               "--speed", "2", "--results", str(kept)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+               "--models", "gru-hidden,revgru-emb+slice-3bit,revgru-emb+slice-3bit-bpe8k", "--runs", str(runs),
+               "--jobs", "2", "--threads", "1", "--speed", "2", "--results", str(kept)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
 
     report = json.loads((runs / "results.json").read_text())
     assert report["quick"] and report["hardware"]["torch"]
-    gru, revgru = report["results"]
-    assert gru["finished"] and revgru["finished"] and gru["epochs_trained"] == 2
-    for row in (gru, revgru):
+    gru, revgru, pieces = report["results"]
+    assert gru["finished"] and revgru["finished"] and pieces["finished"] and gru["epochs_trained"] == 2
+    for row in (gru, revgru, pieces):
         assert 0 <= row["test_tokenized_bleu"] <= 100 and "case:lc" in row["sacrebleu_signature"]
-        assert 0 <= row["test_replace_unk_tokenized_bleu"] <= 100 and 0 <= row["test_replace_unk_sacrebleu"] <= 100
         assert row["tokens_per_s"] > 0 and row["run_tokens_per_s"] > 0
+    for row in (gru, revgru):
+        assert 0 <= row["test_replace_unk_tokenized_bleu"] <= 100 and 0 <= row["test_replace_unk_sacrebleu"] <= 100
+    assert (pieces["text"], gru["text"]) == ("BPE 8k", "words") and "test_replace_unk_sacrebleu" not in pieces
+    assert pieces["memory"]["decoder"]["actual_ratio"] > 1
     assert "memory" not in gru  # ordinary models have no buffer to measure
     assert revgru["memory"]["decoder"]["actual_ratio"] > 1
     tokens = revgru["budget"]["batch_tokens"]
@@ -41,6 +45,8 @@ def test_quick_mode_fills_the_table(tmp_path):
     assert f"{tokens['ordinary']:,}" in table and f"{tokens['reversible']:,}" in table  # GRU's row: same-size model
     assert sorted(p.name for p in (kept / "revgru-emb+slice-3bit").iterdir()) == [
         "config.json", "memory.json", "test-replace-unk.json", "test.json", "train.log", "valid.tsv"]
+    assert json.loads((kept / "revgru-emb+slice-3bit-bpe8k" / "config.json").read_text())["subword"] == "bpe"
+    assert "| revgru (BPE 8k) | emb+slice |" in table
 
     # A second run finds everything done and trains nothing.
     again = subprocess.run(command[:-4] + ["--report"], cwd=REPO, capture_output=True, text=True, timeout=120)

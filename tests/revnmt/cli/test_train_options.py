@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from revnmt.cli.train import parse_args
+from revnmt.training import RunConfig
 
 REQUIRED = ["--save-dir", "runs/x"]
 
@@ -29,6 +30,13 @@ REQUIRED = ["--save-dir", "runs/x"]
     (["--rnn", "gru", "--checkpoint-steps", "sqrt"], "must be a positive number of steps or auto, got sqrt"),
     (["--rnn", "gru", "--checkpoint-steps", "0"], "must be a positive number of steps or auto, got 0"),
     (["--buffer-backend", "numba", "--device", "meta"], "--buffer-backend: the numba buffer backend runs on CPU only"),
+    (["--subword", "wordpiece"], "invalid choice: 'wordpiece'"),
+    (["--vocab-size", "4000"], "--vocab-size and --joint-vocab shape the SentencePiece models --subword trains"),
+    (["--subword", "none", "--no-joint-vocab"], "give --subword bpe or unigram"),
+    (["--subword", "bpe", "--vocab-size", "0"], "must be a positive integer"),
+    (["--spm-model", "a.model", "--subword", "bpe", "--vocab-size", "10"],
+     "--spm-model brings its own SentencePiece models: leave out --subword, --vocab-size"),
+    (["--spm-model", "a", "b", "c"], "--spm-model takes one model for both languages, or two (source, target): got 3"),
 ])
 def test_bad_options_are_usage_errors(options, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -60,6 +68,18 @@ def test_defaults_depend_on_data_and_optimizer():
     assert parse_args([*REQUIRED, "--rnn", "gru", "--checkpoint-steps", "8"]).model.checkpoint_steps == 8
 
 
+def test_subword_defaults_a_joint_vocabulary_of_8000_pieces():
+    data = parse_args(REQUIRED).data
+    assert (data.subword, data.spm_model) == ("none", ())
+    data = parse_args([*REQUIRED, "--subword", "bpe"]).data
+    assert (data.subword, data.vocab_size, data.joint_vocab, data.lowercase) == ("bpe", 8000, True, True)
+    data = parse_args([*REQUIRED, "--subword", "unigram", "--vocab-size", "500", "--no-joint-vocab"]).data
+    assert (data.subword, data.vocab_size, data.joint_vocab) == ("unigram", 500, False)
+    assert parse_args([*REQUIRED, "--spm-model", "m"]).data.joint_vocab is True
+    data = parse_args([*REQUIRED, "--spm-model", "en.model", "de.model"]).data
+    assert (data.subword, data.spm_model, data.joint_vocab) == ("none", ("en.model", "de.model"), False)
+
+
 def test_the_run_config_is_frozen_and_records_every_option_by_its_name():
     config = parse_args([*REQUIRED, "--hogwild", "2", "--epochs", "3"])
     with pytest.raises(FrozenInstanceError):
@@ -74,3 +94,16 @@ def test_resuming_compares_the_run_defining_options():
     saved = parse_args([*REQUIRED, "--seed", "3"]).options()
     assert parse_args([*REQUIRED, "--seed", "3", "--log-every", "7"]).changes_from(saved) == []
     assert parse_args([*REQUIRED, "--seed", "4"]).changes_from(saved) == ["--seed 3 (now 4)"]
+    subwords = parse_args([*REQUIRED, "--seed", "3", "--subword", "bpe"])
+    assert subwords.changes_from(saved) == ["--subword none (now bpe)"]
+    assert parse_args([*REQUIRED, "--seed", "3", "--spm-model", "m"]).changes_from(subwords.options()) == [
+        "--subword bpe (now none)", "--spm-model [] (now ['m'])"]
+    assert RunConfig.from_checkpoint({"args": subwords.options(), "model_config": subwords.model.to_dict()}) == subwords
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default():
+    saved = parse_args(REQUIRED).options()
+    for key in ("subword", "vocab_size", "joint_vocab", "spm_model"):
+        del saved[key]
+    assert parse_args(REQUIRED).changes_from(saved) == []
+    assert parse_args([*REQUIRED, "--subword", "bpe"]).changes_from(saved) == ["--subword none (now bpe)"]

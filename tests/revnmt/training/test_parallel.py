@@ -31,7 +31,7 @@ def _untrained_dev_loss(checkpoint: dict, tmp_path: Path) -> tuple[float, dict]:
     """Dev loss and weights of the model the run started from (same options, same seed)."""
     config = RunConfig.from_checkpoint(checkpoint)
     config = replace(config, training=replace(config.training, save_dir=str(tmp_path)))
-    data = load_data(config.data, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    data = load_data(config.data, vocab_tokens=(checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
     torch.manual_seed(config.training.seed)
     model = build_model(config.model)
     return Trainer(config, data, model).evaluate().loss, model.state_dict()
@@ -86,7 +86,7 @@ def test_failing_or_killed_hogwild_worker_stops_the_run_and_keeps_last_checkpoin
     checkpoint = load_checkpoint(run / "last.pt")
     config = RunConfig.from_checkpoint(checkpoint)
     config = replace(config, training=replace(config.training, hogwild=2, max_steps=5))
-    data = load_data(config.data, (checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    data = load_data(config.data, vocab_tokens=(checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
     for model_class, message in ((RaisingInWorker1, r"(?s)Hogwild worker 1 failed:\nTraceback .*RuntimeError: "
                                                     r"injected failure"),
                                  (KilledInWorker1, r"Hogwild worker 1 \(pid \d+\) was killed by SIGKILL")):

@@ -56,7 +56,8 @@ def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp
 
     checkpoint = load_checkpoint(run / "best.pt")  # weights_only
     assert set(checkpoint) == CHECKPOINT_KEYS
-    assert checkpoint["data"] == {"src": "en", "tgt": "de", "lowercase": False, "max_len": 50}
+    assert checkpoint["data"] == {"src": "en", "tgt": "de", "lowercase": False, "max_len": 50, "src_spm": None,
+                                  "tgt_spm": None}
     assert Vocabulary.load(run / "src.vocab").itos == checkpoint["src_vocab"]
     assert Vocabulary.load(run / "tgt.vocab").itos == checkpoint["tgt_vocab"]
     assert "man" in checkpoint["src_vocab"] and "mann" in checkpoint["tgt_vocab"]
