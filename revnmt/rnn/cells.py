@@ -24,9 +24,10 @@ the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong
 
 States are int32 tensors [B, state_size]: GRU [h1 | h2], LSTM [h1 | h2 | c1 | c2].
 
-With a buffer whose backend has fused kernels (numba on CPU, :mod:`revnmt.rnn.kernels`), ``forward_int``
-and the reverse steps run each half as its matrix products and one compiled loop per elementwise
-stretch; the torch code here is the reference they implement (and what the other backends run).
+With a buffer whose backend has fused kernels (numba on CPU, triton on CUDA: :mod:`revnmt.rnn.kernels`),
+``forward_int`` and the reverse steps run each half as its matrix products and one compiled loop (or
+Triton kernel) per elementwise stretch; the torch code here is the reference they implement (and what
+the torch backend runs).
 """
 
 from __future__ import annotations
