@@ -98,11 +98,11 @@ class ReversibleSeq2Seq(Seq2Seq):
         chunk of input projections and of the decoder's states and outputs with their gradients, one
         reverse step's temporaries, the logit block of a chunk's loss). The memory itself, and what
         the chunk's attention saves, are autograd's and counted there."""
-        rows = batch * self.decoder.chunk_steps
-        decoder = self.decoder.work_bytes(batch, outputs=True) + rows * self.cfg.hidden_size * 4  # + outputs' grads
+        rows, device = batch * self.decoder.chunk_steps, memory.device
+        decoder = self.decoder.work_bytes(batch, device, outputs=True) + rows * self.cfg.hidden_size * 4  # + grads
         return (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
                 + 2 * nbytes(enc_tape.slices) + nbytes(memory)
-                + max(self.encoder.work_bytes(batch), decoder + self.logit_work_bytes(rows)))
+                + max(self.encoder.work_bytes(batch, device), decoder + self.logit_work_bytes(rows)))
 
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                       masks: DropoutMasks) -> tuple[torch.Tensor, torch.Tensor]:

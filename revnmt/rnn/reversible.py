@@ -49,12 +49,14 @@ PROJECTION_STEPS = 2
 #: lane study is in docs/performance.md). The torch backend loops over a half's ⌈(H/2) / lanes⌉ chunks,
 #: each a few kernel launches, and the Triton kernel over the same chunks inside one program, so there
 #: more lanes are faster.
-#: Reverse steps whose recurrent weight gradients are collected per product (see RecurrentGrads). A chunk is
-#: held memory, steps x batch x (gate columns + inputs) floats per layer; docs/performance.md has the
-#: measurements behind the choice.
-WEIGHT_GRAD_STEPS = 4
-
 DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
+
+#: Reverse steps whose recurrent weight gradients are collected per product (see RecurrentGrads), by the buffer's
+#: backend. A chunk is held memory, steps x batch x (gate columns + inputs) floats per layer, a cost per sentence.
+#: On a CPU (numba) a per-step product is already compute-bound and longer chunks measured no faster, so it takes
+#: one step; where small products are launch-bound (triton and torch, for CUDA) the chunk is 4, not yet measured
+#: on a GPU. The measurements are in docs/performance.md.
+WEIGHT_GRAD_STEPS = {"numba": 1, "torch": 4, "triton": 4}
 
 
 @contextlib.contextmanager
@@ -242,13 +244,17 @@ class ReversibleRNN(nn.Module):
         """Width of one layer's integer state (H for GRU, 2H for LSTM: h and c)."""
         return self.cells[0].state_size
 
-    def work_bytes(self, batch: int, outputs: bool = False) -> int:
+    def weight_grad_steps(self, device: torch.device) -> int:
+        """Reverse steps per product of the recurrent weight gradients with the buffer backend used on ``device``."""
+        return WEIGHT_GRAD_STEPS[backends.resolve(self.buffer_backend, device)]
+
+    def work_bytes(self, batch: int, device: torch.device, outputs: bool = False) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
         one chunk of layer 0's input projections, every layer's chunk of recurrent weight gradients
         and one reverse step's temporaries; with ``outputs`` (a backward sweep taking output
         gradients), also a chunk's states of every layer and its top-layer outputs."""
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
-                + sum(RecurrentGrads.held_bytes(cell, batch, WEIGHT_GRAD_STEPS) for cell in self.cells)
+                + sum(RecurrentGrads.held_bytes(cell, batch, self.weight_grad_steps(device)) for cell in self.cells)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
         if outputs:  # chunks of one step hold no states, only the step's output
             states = self.num_layers * self.state_size if self.chunk_steps > 1 else 0
@@ -397,7 +403,9 @@ class ReversibleRNN(nn.Module):
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
         projection = InputProjection(self.cells[0], inputs, self.chunk_steps)
-        weights = [RecurrentGrads(cell, batch, min(WEIGHT_GRAD_STEPS, steps), tape.mask.device) for cell in self.cells]
+        device = tape.mask.device
+        chunk = min(self.weight_grad_steps(device), steps)
+        weights = [RecurrentGrads(cell, batch, chunk, device) for cell in self.cells]
         if output_grads is None or self.chunk_steps == 1:  # undo and backpropagate each step at once
             for t in reversed(range(steps)):
                 if output_grads is not None:

@@ -112,9 +112,12 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     # The reverse sweep holds a chunk of steps' gate gradients and recurrent inputs per layer (one
     # product per weight per chunk); the memory accounting charges them.
     batch, rnn = 16, ReversibleRNN(cell, 24, 40, num_layers=2)
-    chunk = RecurrentGrads(rnn.cells[1], batch, WEIGHT_GRAD_STEPS, torch.device("cpu"))
-    held = RecurrentGrads.held_bytes(rnn.cells[1], batch, WEIGHT_GRAD_STEPS)
+    cpu = torch.device("cpu")
+    steps = rnn.weight_grad_steps(cpu)
+    assert steps == WEIGHT_GRAD_STEPS["numba"]
+    chunk = RecurrentGrads(rnn.cells[1], batch, steps, cpu)
+    held = RecurrentGrads.held_bytes(rnn.cells[1], batch, steps)
     assert chunk.grad_pre.nbytes + chunk.inputs.nbytes == held
     without = (InputProjection.held_bytes(rnn.cells[0], batch, rnn.chunk_steps)
                + max(c.reverse_work_bytes(batch) for c in rnn.cells))
-    assert rnn.work_bytes(batch) == without + 2 * held
+    assert rnn.work_bytes(batch, cpu) == without + 2 * held
