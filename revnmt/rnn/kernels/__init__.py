@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from buffers import InformationBuffer
+from buffers.words import WordStack
 
 
 class StepKernels(ABC):
@@ -84,6 +85,30 @@ class StepKernels(ABC):
                      grad_pre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Undo :meth:`lstm_push` (h popped, then c) and return the previous (h, c); with ``grad``
         (d loss / d new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre``."""
+
+
+def record_pushes(words: WordStack, groups: list[tuple[list[int], float | torch.Tensor]]) -> None:
+    """Note the pushed groups' widths and destroyed bits after a fused push, as
+    :meth:`InformationBuffer.push_update` does after its backend call."""
+    for widths, lost in groups:
+        if widths:
+            words.record_push(widths, lost)
+    words.after_call()
+
+
+def check_pops(words: WordStack, groups: list[list[int]]) -> int:
+    """Check that the last pushes are ``groups`` (in push order); returns the first flag of the first group."""
+    widths = [w for group in groups for w in group]
+    words.check_pop(widths)
+    return words.pushes - len(widths)
+
+
+def record_pops(words: WordStack, groups: list[list[int]]) -> None:
+    """Note the popped groups after a fused pop, as :meth:`InformationBuffer.pop_update` does."""
+    for widths in reversed(groups):
+        if widths:
+            words.record_pop(widths)
+    words.after_call()
 
 
 def step_kernels(backend: str) -> StepKernels | None:

@@ -30,7 +30,7 @@ from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms
 from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
 from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT, WordStack
 
-from . import StepKernels
+from . import StepKernels, check_pops, record_pops, record_pushes
 
 # The error model "numpy" drops the division-by-zero checks of Python semantics (a float division by
 # zero is inf, as in torch); fastmath stays off, see the module docstring.
@@ -165,13 +165,12 @@ def gru_gates(pre_zr: np.ndarray, p: np.ndarray, col: int, read: np.ndarray, s: 
             rh[b, j] = s[b, half + j] * read[b, j]
 
 
-@njit(**_JIT)
-def gru_push(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
-             stored: int, slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
-             flags: np.ndarray, first_flag: int, word_limit: int, out: np.ndarray,
-             out_float: np.ndarray) -> tuple[int, float]:
-    """RevGRU's half update into ``out`` and ``out_float``; returns (status, bits destroyed)."""
-    rows, half = h.shape
+@njit(inline="always", **_JIT)
+def _gru_update_terms(pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
+                      slope: np.float32, min_numerator: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """g = tanh(pre_g + p[:, col:]) and the update's numerators and fixed-point terms, for the push and the
+    pop alike (one code path: the reverse must decode with the forward's terms); also the status."""
+    rows, half = pre_g.shape
     g = np.empty((rows, half), np.float32)
     _tanh_columns(pre_g, p, col, 0, half, g)
     zq = np.empty((rows, half), np.int64)
@@ -182,6 +181,17 @@ def gru_push(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.nd
             z, u = _gru_terms(s[b, j], g[b, j], slope)
             if _set_terms(zq, ui, b, j, z, u, rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
+    return g, zq, ui, status
+
+
+@njit(**_JIT)
+def gru_push(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
+             stored: int, slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
+             flags: np.ndarray, first_flag: int, word_limit: int, out: np.ndarray,
+             out_float: np.ndarray) -> tuple[int, float]:
+    """RevGRU's half update into ``out`` and ``out_float``; returns (status, bits destroyed)."""
+    rows, half = h.shape
+    g, zq, ui, status = _gru_update_terms(pre_g, p, col, s, rows_mask, slope, min_numerator)
     pushed, lost = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, word_limit, out)
     _write_float(out, out_float)
     return max(status, pushed), lost
@@ -195,16 +205,7 @@ def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np
     """Recompute :func:`gru_push`'s gates; with ``pop``, pop the previous half into ``prev`` (its first
     columns from ``restore``); with ``diff``, backpropagate (``grad`` in place). Returns the status."""
     rows, half = h.shape
-    g = np.empty((rows, half), np.float32)
-    _tanh_columns(pre_g, p, col, 0, half, g)
-    zq = np.empty((rows, half), np.int64)
-    ui = np.empty((rows, half), np.int64)
-    status = OK
-    for b in range(rows):
-        for j in range(half):
-            z, u = _gru_terms(s[b, j], g[b, j], slope)
-            if _set_terms(zq, ui, b, j, z, u, rows_mask[b], min_numerator):
-                status = TERM_OVERFLOW
+    g, zq, ui, status = _gru_update_terms(pre_g, p, col, s, rows_mask, slope, min_numerator)
     if pop:
         stored = restore.shape[1]
         status = max(status, pop_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, prev))
@@ -332,25 +333,12 @@ def _reserve(words: WordStack, groups: list[list[int]]) -> int:
 
 def _record_push(words: WordStack, status: int, groups: list[tuple[list[int], float]]) -> None:
     words.record_code(status)
-    for widths, lost in groups:
-        if widths:
-            words.record_push(widths, lost)
-    words.after_call()
-
-
-def _check_pops(words: WordStack, groups: list[list[int]]) -> int:
-    """Check that the last pushes are ``groups`` (in push order); returns the first flag of the first group."""
-    widths = [w for group in groups for w in group]
-    words.check_pop(widths)
-    return words.pushes - len(widths)
+    record_pushes(words, groups)
 
 
 def _record_pops(words: WordStack, status: int, groups: list[list[int]]) -> None:
     words.record_code(status)
-    for widths in reversed(groups):
-        if widths:
-            words.record_pop(widths)
-    words.after_call()
+    record_pops(words, groups)
 
 
 def _limit(max_bits: int | None) -> tuple[np.float32, int]:
@@ -389,7 +377,7 @@ class NumbaSteps(StepKernels):
         if pop:
             words = buf.words
             groups = [words.update_widths(h.shape[1], stored)]
-            first, arrays = _check_pops(words, groups), word_arrays(words)
+            first, arrays = check_pops(words, groups), word_arrays(words)
             prev = torch.empty_like(h)
         else:
             first, arrays = 0, _no_words()
@@ -421,7 +409,7 @@ class NumbaSteps(StepKernels):
         if pop:
             words = buf.words
             groups = [words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)]
-            first, arrays = _check_pops(words, groups), word_arrays(words)
+            first, arrays = check_pops(words, groups), word_arrays(words)
             prev = torch.empty_like(h), torch.empty_like(c)
         else:
             groups, first, arrays = [[]], 0, _no_words()

@@ -62,7 +62,7 @@ from buffers.backends.triton_kernels import (
 from buffers.fixed import HIDDEN_RADIX, forget_multiplier, min_forget_numerator
 from buffers.words import WordStack
 
-from . import StepKernels
+from . import StepKernels, check_pops, record_pops, record_pushes
 from . import numba_steps as ns
 
 # The rational tanh's float32 constants, as constexprs (fp32 values: the kernels compute in fp32).
@@ -533,29 +533,6 @@ def _limit(max_bits: int | None) -> tuple[int, float]:
     return min_forget_numerator(max_bits), forget_multiplier(max_bits)
 
 
-def _record_push(words: WordStack, groups: list[tuple[list[int], torch.Tensor]]) -> None:
-    """Note the pushed groups' widths and destroyed bits, as :meth:`InformationBuffer.push_update` does
-    after its backend call."""
-    for widths, lost in groups:
-        if widths:
-            words.record_push(widths, lost)
-    words.after_call()
-
-
-def _check_pops(words: WordStack, groups: list[list[int]]) -> int:
-    """Check that the last pushes are ``groups`` (in push order); returns the first flag of the first group."""
-    widths = [w for group in groups for w in group]
-    words.check_pop(widths)
-    return words.pushes - len(widths)
-
-
-def _record_pops(words: WordStack, groups: list[list[int]]) -> None:
-    for widths in reversed(groups):
-        if widths:
-            words.record_pop(widths)
-    words.after_call()
-
-
 class TritonSteps(StepKernels):
     """:class:`StepKernels` as Triton kernels on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``);
     see the module docstring."""
@@ -575,7 +552,7 @@ class TritonSteps(StepKernels):
         lost = torch.empty((), dtype=torch.float64, device=h.device)
         _gru_push_op(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *_word_tensors(words), lost,
                      _lost_table(h.device), stored, words.pushes, *_limit(max_bits))
-        _record_push(words, [(widths, lost)])
+        record_pushes(words, [(widths, lost)])
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
@@ -583,14 +560,14 @@ class TritonSteps(StepKernels):
         if pop:
             words = buf.words
             groups = [words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
-            first, tensors = _check_pops(words, groups), _word_tensors(words)
+            first, tensors = check_pops(words, groups), _word_tensors(words)
             prev = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         else:
             first, tensors = 0, _no_words(h.device)
         _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, grad, grad_z, grad_g, *tensors,
                         first, *_limit(max_bits), pop)
         if pop:
-            _record_pops(words, groups)
+            record_pops(words, groups)
         return prev
 
     def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
@@ -605,7 +582,7 @@ class TritonSteps(StepKernels):
         lost = torch.empty(2, dtype=torch.float64, device=h.device)
         _lstm_push_op(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *_word_tensors(words), lost,
                       _lost_table(h.device), stored, first, first + len(widths_c), *_limit(max_bits))
-        _record_push(words, [(widths_c, lost[0]), (widths_h, lost[1])])
+        record_pushes(words, [(widths_c, lost[0]), (widths_h, lost[1])])
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
@@ -614,7 +591,7 @@ class TritonSteps(StepKernels):
             words = buf.words
             groups = [words.update_widths(c.shape[1], 0),
                       words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
-            first, tensors = _check_pops(words, groups), _word_tensors(words)
+            first, tensors = check_pops(words, groups), _word_tensors(words)
             prev = (torch.empty(h.shape, dtype=h.dtype, device=h.device),
                     torch.empty(c.shape, dtype=c.dtype, device=c.device))
         else:
@@ -623,7 +600,7 @@ class TritonSteps(StepKernels):
         _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, grad_h, grad_c, grad_pre, *tensors,
                          first, first + len(groups[0]), *_limit(max_bits), pop)
         if pop:
-            _record_pops(words, groups)
+            record_pops(words, groups)
         return prev
 
 
