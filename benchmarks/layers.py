@@ -21,11 +21,13 @@ whose step costs about the same at every batch size (launch- or Python-bound) sc
 
 ``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and
 time step in the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20,
-errors kept on the device as on CUDA). Every ATen op but views and ``empty*`` counts, which on CUDA
-is about one kernel launch each; a Triton update is one custom op, so one launch. The numba
-backend's compiled calls are not dispatched through torch and count 0 (they are CPU loops, no
-launches). Without a GPU the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is
-set for this mode on a machine without CUDA): slow, but the count is the same.
+errors kept on the device as on CUDA); the reverse as a decoder's (a loss gradient on every output,
+reversed by chunks: each step is undone, then backpropagated) and as an encoder's (no output
+gradients). Every ATen op but views and ``empty*`` counts, which on CUDA is about one kernel launch
+each; a Triton update is one custom op, so one launch. The numba backend's compiled calls are not
+dispatched through torch and count 0 (they are CPU loops, no launches). Without a GPU the Triton
+kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is set for this mode on a machine
+without CUDA): slow, but the count is the same.
 """
 
 from __future__ import annotations
@@ -136,7 +138,9 @@ class _OpCounter(TorchDispatchMode):
 
 def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64, hidden: int = 300,
                   steps: int = 20) -> dict:
-    """Ops dispatched per time step by a forward and a reverse sweep of one reversible layer."""
+    """Ops dispatched per time step by a forward and a reverse sweep of one reversible layer: the reverse
+    as a decoder's (a gradient on every output, reversed by chunks) and as an encoder's (no output
+    gradients: each step undone and backpropagated at once)."""
     torch.manual_seed(0)
     x = torch.randn(steps, batch, hidden, device=device)
     w = torch.randn(steps, batch, hidden, device=device)
@@ -149,8 +153,12 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
         tape = rev.forward_sweep(inputs, mask)
     with _OpCounter() as reverse:
         rev.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
+    tape = rev.forward_sweep(inputs, mask)
+    with _OpCounter() as encoder:
+        rev.backward_sweep(tape, inputs, grad_final=[torch.randn(batch, rev.state_size, device=device)])
     return {"cell": "rev" + cell, "backend": backend, "buffer_lanes": rev.lanes_on(device),
-            "forward_per_step": forward.count / steps, "reverse_per_step": reverse.count / steps}
+            "forward_per_step": forward.count / steps, "reverse_per_step": reverse.count / steps,
+            "reverse_encoder_per_step": encoder.count / steps}
 
 
 def main() -> None:
@@ -236,14 +244,15 @@ def report_kernel_counts(device: torch.device, json_path: Path | None) -> None:
     names = ["numba", "torch", "triton"] if device.type == "cpu" else ["torch", "triton"]
     names = [n for n in names if n != "triton" or buffers.backends.triton_available()]
     print(f"ops dispatched per layer and time step (batch 64, 300 units, T = 20) on {device}")
-    print(f"{'cell':8s} {'backend':8s} {'lanes':>5s} {'forward':>8s} {'reverse':>8s}")
+    print(f"{'cell':8s} {'backend':8s} {'lanes':>5s} {'forward':>8s} {'reverse':>8s} "
+          f"{'reverse, no output gradients':>29s}")
     kernels = []
     for cell in ("gru", "lstm"):
         for name in names:
             entry = count_kernels(cell, name, device)
             kernels.append(entry)
             print(f"{entry['cell']:8s} {name:8s} {entry['buffer_lanes']:5d} {entry['forward_per_step']:8.1f} "
-                  f"{entry['reverse_per_step']:8.1f}")
+                  f"{entry['reverse_per_step']:8.1f} {entry['reverse_encoder_per_step']:29.1f}")
     if json_path:
         json_path.write_text(json.dumps({"device": str(device), "batch": 64, "hidden": 300, "T": 20,
                                          "kernels": kernels}, indent=2) + "\n")

@@ -122,8 +122,8 @@ class RevCell(nn.Module):
         self.state_size = hidden_size * self.groups_per_half
 
     def output(self, state: torch.Tensor) -> torch.Tensor:
-        """The float output [h1 | h2] of an int state (what the next layer and attention see)."""
-        return to_float(state[:, : self.hidden_size])
+        """The float output [h1 | h2] of an int state [..., state_size] (what the next layer and attention see)."""
+        return to_float(state[..., : self.hidden_size])
 
     def _linears(self) -> list[nn.Linear]:
         """Every Linear on [x; h_other], half 1's before half 2's."""
@@ -138,33 +138,24 @@ class RevCell(nn.Module):
         """Columns of :meth:`project`'s output."""
         return sum(lin.out_features for lin in self._linears())
 
-    def project(self, x: torch.Tensor) -> torch.Tensor:
+    def input_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every Linear's input columns and bias, concatenated in :meth:`_linears` order: the weight
+        [gate columns, input] and bias [gate columns] of :meth:`project` (differentiable copies)."""
+        linears = self._linears()
+        return (torch.cat([lin.weight[:, : self.input_size] for lin in linears]),
+                torch.cat([lin.bias for lin in linears]))
+
+    def project(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The input's part of every gate pre-activation of both halves, biases included:
-        [..., input] -> [..., gate columns of half 1 | of half 2].
+        [..., input] -> [..., gate columns of half 1 | of half 2], one product with
+        :meth:`input_weights` (or ``weights``, the same concatenated once for a sweep: :class:`InputWeights`).
 
         The step functions take this instead of x: the recurrent part is all that must be
         computed step by step, and ``ReversibleRNN`` projects known inputs for several steps in
         one matrix product. Forward and reverse must use the same projection values (the same
         call on the same data), or a gate could differ by an ulp and the reverse go wrong.
         """
-        # One product per Linear on a view of its weight: a concatenated weight would be a
-        # parameter-sized copy that autograd keeps alive with every chunk's graph.
-        return torch.cat([torch.nn.functional.linear(x, lin.weight[:, : self.input_size], lin.bias)
-                          for lin in self._linears()], -1)
-
-    @torch.no_grad()
-    def project_backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """Backpropagate :meth:`project` by hand: accumulate the gradients of the weights' input
-        columns and of the biases, and return d loss / d x. (Autograd through the weight views
-        would first build a zero gradient of every whole weight, per call.)"""
-        x2, grad2 = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
-        linears = self._linears()
-        grad_x = torch.zeros_like(x2)
-        for lin, g in zip(linears, grad2.split([lin.out_features for lin in linears], 1)):
-            _grad_of(lin.weight)[:, : self.input_size].addmm_(g.t(), x2)
-            _grad_of(lin.bias).add_(g.sum(0))
-            grad_x.addmm_(g, lin.weight[:, : self.input_size])
-        return grad_x.view_as(x)
+        return torch.nn.functional.linear(x, *(self.input_weights() if weights is None else weights))
 
     def _recurrent(self, lin: nn.Linear, p: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The pre-activation of ``lin`` on [x; h], from x's projection ``p``."""
@@ -232,11 +223,16 @@ class RevCell(nn.Module):
         return grad_prev, grad_p
 
     def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, backend):
-        """The reverse step: pop (``prev`` None) or take ``prev``, and backpropagate (``grad`` given)."""
+        """The reverse step: pop from ``buf`` (``prev`` None) or take ``prev``, and backpropagate (``grad`` given).
+
+        The halves are popped into the views of one new state and their gradients updated in place in
+        views of one copy of ``grad`` (on a GPU every concatenation would be a launch)."""
         kernels = step_kernels(backend)
         ints = self._split(state)
-        prevs = None if prev is None else self._split(prev)
-        grads = None if grad is None else list(grad.clone().split(self.half, 1))
+        popped = torch.empty_like(state) if prev is None else None
+        prevs = self._split(prev if popped is None else popped)
+        grad = None if grad is None else grad.clone()
+        grads = None if grad is None else self._split(grad)
         if grads is not None and weights is None:
             weights = RecurrentGrads(self, p.shape[0], 1, p.device)
         slot = None if grads is None else weights.next_step()
@@ -247,10 +243,58 @@ class RevCell(nn.Module):
             else:
                 self._reverse_half_fused(kernels, i, p, ints, grads, buf, mask, self._restore(i, restore), prevs,
                                          slot)
-        if grads is None:
-            return torch.cat(ints, 1), None, None
-        weights.step_done()
-        return torch.cat(ints, 1), torch.cat(grads, 1), slot[0]
+        if grads is not None:
+            weights.step_done()
+        return popped, grad, None if slot is None else slot[0]
+
+
+class InputWeights:
+    """A cell's input projection (:meth:`RevCell.project`) for the length of one sweep.
+
+    The Linears' input columns are concatenated once per sweep, not once per projection (a sweep
+    projects every step or chunk of steps with the same weights), and in a backward sweep the
+    gradients of those columns and of the biases collect in one weight-sized tensor per sweep:
+    a projection's backward is then three products, not four per Linear, and the Linears' ``.grad``
+    get the sum once, at :meth:`flush`. Held memory: :meth:`held_bytes`.
+    """
+
+    def __init__(self, cell: RevCell, grads: bool = False) -> None:
+        self.cell = cell
+        with torch.no_grad():
+            self.weight, self.bias = cell.input_weights()
+        self.grad_weight = torch.zeros_like(self.weight) if grads else None
+        self.grad_bias = torch.zeros_like(self.bias) if grads else None
+        self._ones: torch.Tensor | None = None  # the bias gradient is grad^T · ones: one product, no sum + add
+
+    @staticmethod
+    def held_bytes(cell: RevCell, grads: bool) -> int:
+        """Bytes of the concatenated weights (and their gradients, with ``grads``): memory accounting."""
+        return (1 + grads) * cell.project_width * (cell.input_size + 1) * 4
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``cell.project(x)`` with the sweep's weights: the same values, bit for bit."""
+        return self.cell.project(x, (self.weight, self.bias))
+
+    @torch.no_grad()
+    def backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Backpropagate :meth:`project` by hand: collect the weights' gradients and return d loss / d x.
+        (Autograd through the weight views would build a zero gradient of every whole weight, per call.)"""
+        x2, grad2 = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        if self._ones is None or len(self._ones) < len(grad2):
+            self._ones = torch.ones(len(grad2), device=grad2.device)
+        self.grad_weight.addmm_(grad2.t(), x2)
+        self.grad_bias.addmv_(grad2.t(), self._ones[: len(grad2)])
+        return torch.mm(grad2, self.weight).view_as(x)
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Add the collected gradients to the Linears' ``.grad``."""
+        start = 0
+        for lin in self.cell._linears():
+            stop = start + lin.out_features
+            _grad_of(lin.weight)[:, : self.cell.input_size].add_(self.grad_weight[start:stop])
+            _grad_of(lin.bias).add_(self.grad_bias[start:stop])
+            start = stop
 
 
 class RecurrentGrads:
@@ -265,9 +309,9 @@ class RecurrentGrads:
 
     def __init__(self, cell: RevCell, batch: int, steps: int, device: torch.device) -> None:
         self.cell, self.steps, self.count = cell, steps, 0
-        linears = cell._linears()
         self.grad_pre = torch.empty(steps, batch, cell.project_width, device=device)
-        self.inputs = torch.empty(steps, batch, len(linears) * cell.half, device=device)
+        # Linear-major, so that a step's input slot and a Linear's chunk of steps are both contiguous.
+        self.inputs = torch.empty(len(cell._linears()), steps, batch, cell.half, device=device)
 
     @staticmethod
     def held_bytes(cell: RevCell, batch: int, steps: int) -> int:
@@ -276,8 +320,9 @@ class RecurrentGrads:
 
     def next_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next step's slots: d loss / d projection [B, gate columns] and the recurrent inputs
-        [B, linears·half], one ``half`` block per Linear in :meth:`RevCell._linears` order."""
-        return self.grad_pre[self.count], self.inputs[self.count]
+        [linears, B, half], one per Linear in :meth:`RevCell._linears` order. The reverse kernels
+        write into them directly."""
+        return self.grad_pre[self.count], self.inputs[:, self.count]
 
     def step_done(self) -> None:
         """The slots of :meth:`next_step` are filled; a full chunk goes to the weights."""
@@ -294,7 +339,7 @@ class RecurrentGrads:
         start = 0
         for k, lin in enumerate(cell._linears()):
             g = self.grad_pre[:n, :, start: start + lin.out_features].reshape(-1, lin.out_features)
-            x = self.inputs[:n, :, k * cell.half: (k + 1) * cell.half].reshape(-1, cell.half)
+            x = self.inputs[k, :n].reshape(-1, cell.half)
             _grad_of(lin.weight)[:, cell.input_size:].addmm_(g.t(), x)
             start += lin.out_features
         self.count = 0
@@ -352,48 +397,46 @@ class RevGRUCell(RevCell):
         return out
 
     def _reverse_half(self, i, p, ints, grads, grp, restore, prevs, slot):
-        """Pop h_i in ``ints`` back to its previous value (or take it from ``prevs``); with ``grads``,
-        turn ``grads[i]`` into its gradient, add d loss / d h_j into ``grads[1 - i]`` and fill the
-        step's slots (:meth:`RecurrentGrads.next_step`) with half i's gate gradients and inputs."""
-        read = to_float(ints[1 - i])
+        """Undo h_i in ``ints``: pop it into ``prevs[i]`` (with a buffer; without, ``prevs[i]`` is given);
+        with ``grads``, turn ``grads[i]`` into its gradient, add d loss / d h_j into ``grads[1 - i]`` (both
+        in place) and fill the step's slots (:meth:`RecurrentGrads.next_step`) with half i's gate
+        gradients and inputs."""
+        read = to_float(ints[1 - i], out=None if grads is None else slot[1][2 * i])
         acts = self._activations(i, p, read)
         sz, r, rh, g = acts
         z, u = self._terms(acts)
-        ints[i] = grp.pop(ints[i], z, u, restore) if prevs is None else prevs[i]
+        if grp.buf is not None:
+            prevs[i].copy_(grp.pop(ints[i], z, u, restore))
+        ints[i] = prevs[i]
         if grads is None:
             return
-        grad_pre, (read_slot, rh_slot) = self._half_projection(slot[0], i), slot[1].chunk(4, 1)[2 * i: 2 * i + 2]
-        read_slot.copy_(read)
-        rh_slot.copy_(rh)
-        grads[i], grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
+        slot[1][2 * i + 1].copy_(rh)
+        grad_prev, grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
+        grads[i].copy_(grad_prev)
+        grad_pre = self._half_projection(slot[0], i)
         grad_pre_z, grad_pre_r, grad_pre_g = grad_pre.split(self.half, 1)
         torch.mul(grad_u * (1 - z), 1 - g * g, out=grad_pre_g)
         grad_rh = torch.mm(grad_pre_g, self._recurrent_weight(self.g[i]))
         torch.mul((grad_z - grad_u * g) * self._slope * sz, 1 - sz, out=grad_pre_z)
         torch.mul(grad_rh * read * r, 1 - r, out=grad_pre_r)
-        grads[1 - i] = (grads[1 - i] + torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))
-                        + grad_rh * r)
+        grads[1 - i].add_(torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))).add_(grad_rh * r)
 
     def _reverse_half_fused(self, kernels: StepKernels, i, p, ints, grads, buf, mask, restore, prevs, slot):
-        """:meth:`_reverse_half` by fused kernels (``grads[1 - i]`` updated in place)."""
-        read = to_float(ints[1 - i])
-        rh = torch.empty_like(read)
+        """:meth:`_reverse_half` by fused kernels, which write h_j's float and r·h_j into the step's slots."""
+        read = to_float(ints[1 - i], out=None if grads is None else slot[1][2 * i])
+        rh = torch.empty_like(read) if grads is None else slot[1][2 * i + 1]
         w_zr, w_g = self._recurrent_weight(self.zr[i]), self._recurrent_weight(self.g[i])
         col = self._half_start(i)
         s = kernels.gru_gates(torch.mm(read, w_zr.t()), p, col, read, rh)
         pre_g = torch.mm(rh, w_g.t())
-        prev = None if prevs is None else prevs[i]
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
         grad_z, grad_r, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
-        ints[i] = kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits,
-                                      restore, prev, None if grads is None else grads[i], grad_z, grad_g)
-        if grads is None:
-            return
-        kernels.gru_read_grad(torch.mm(grad_g, w_g), read, s, grad_r, grads[1 - i])
-        grads[1 - i].addmm_(grad_pre[:, : 2 * self.half], w_zr)
-        read_slot, rh_slot = slot[1].chunk(4, 1)[2 * i: 2 * i + 2]
-        read_slot.copy_(read)
-        rh_slot.copy_(rh)
+        kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits, restore,
+                            prevs[i], None if grads is None else grads[i], grad_z, grad_g)
+        ints[i] = prevs[i]
+        if grads is not None:
+            kernels.gru_read_grad(torch.mm(grad_g, w_g), read, s, grad_r, grads[1 - i])
+            grads[1 - i].addmm_(grad_pre[:, : 2 * self.half], w_zr)
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -463,44 +506,42 @@ class RevLSTMCell(RevCell):
         """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) and turn their gradients
         into the previous values'; see RevGRUCell."""
         h, c = i, 2 + i
-        read = to_float(ints[1 - i])
+        read = to_float(ints[1 - i], out=None if grads is None else slot[1][i])
         acts = self._activations(i, proj, read)
         sf, g, ig, o, sp = acts
         f, u_c, _, p = self._terms(acts)
         tc = torch.tanh(to_float(ints[c]))  # of the new cell, which the new h_i was made from
-        if prevs is None:
-            ints[h] = grp.pop(ints[h], p, o * tc, restore)
-            ints[c] = grp.pop(ints[c], f, u_c)
-        else:
-            ints[h], ints[c] = prevs[h], prevs[c]
+        if grp.buf is not None:
+            prevs[h].copy_(grp.pop(ints[h], p, o * tc, restore))
+            prevs[c].copy_(grp.pop(ints[c], f, u_c))
+        ints[h], ints[c] = prevs[h], prevs[c]
         if grads is None:
             return
-        slot[1].chunk(2, 1)[i].copy_(read)
         grad_pre = self._half_projection(slot[0], i)
-        grads[h], grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
-        grads[c], grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
+        grad_h, grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
+        grad_c, grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
+        grads[h].copy_(grad_h)
+        grads[c].copy_(grad_c)
         out_f, out_g, out_i, out_o, out_p = grad_pre.chunk(5, 1)
         torch.mul(grad_f * self._slope * sf, 1 - sf, out=out_f)
         torch.mul(grad_uc * ig, 1 - g * g, out=out_g)
         torch.mul(grad_uc * g * ig, 1 - ig, out=out_i)
         torch.mul(grad_uh * tc * o, 1 - o, out=out_o)
         torch.mul(grad_p * self._slope * sp, 1 - sp, out=out_p)
-        grads[1 - i] = grads[1 - i] + torch.mm(grad_pre, self._recurrent_weight(self.gates[i]))
+        grads[1 - i].add_(torch.mm(grad_pre, self._recurrent_weight(self.gates[i])))
 
     def _reverse_half_fused(self, kernels: StepKernels, i, proj, ints, grads, buf, mask, restore, prevs, slot):
-        """:meth:`_reverse_half` by one product and one fused kernel (``grads`` updated in place)."""
+        """:meth:`_reverse_half` by one product and one fused kernel."""
         h, c = i, 2 + i
-        read = to_float(ints[1 - i])
+        read = to_float(ints[1 - i], out=None if grads is None else slot[1][i])
         w = self._recurrent_weight(self.gates[i])
-        prev = None if prevs is None else (prevs[h], prevs[c])
         grad = None if grads is None else (grads[h], grads[c])
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
-        ints[h], ints[c] = kernels.lstm_reverse(buf, ints[h], ints[c], torch.mm(read, w.t()),
-                                                proj, self._half_start(i), mask, self.max_forget_bits, restore,
-                                                prev, grad, grad_pre)
+        kernels.lstm_reverse(buf, ints[h], ints[c], torch.mm(read, w.t()), proj, self._half_start(i), mask,
+                             self.max_forget_bits, restore, (prevs[h], prevs[c]), grad, grad_pre)
+        ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
             grads[1 - i].addmm_(grad_pre, w)
-            slot[1].chunk(2, 1)[i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

@@ -35,7 +35,7 @@ from torch import nn
 
 from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, backends, to_float
 
-from .cells import REV_CELLS, RecurrentGrads, RevCell
+from .cells import REV_CELLS, InputWeights, RecurrentGrads, RevCell
 
 #: Steps per chunk when a stack is given none (``chunk_steps``): layer 0's input projections are computed this many
 #: steps per matrix product (see InputProjection). Longer chunks are faster, but a chunk is held memory, steps x batch
@@ -109,7 +109,7 @@ class TensorInput:
     def backward(self, t: int, grad: torch.Tensor) -> None:
         if self.grad is None:
             self.grad = torch.zeros_like(self.x)
-        self.grad[t] += grad
+        self.grad[t].add_(grad)
 
 
 def project_steps(cell: RevCell, x: torch.Tensor, steps: int) -> torch.Tensor:
@@ -119,7 +119,7 @@ def project_steps(cell: RevCell, x: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 class InputProjection:
-    """Layer 0's input projections (``cell.project``) for the sweeps, a chunk of steps at a time.
+    """Layer 0's input projections (``weights.project``) for the sweeps, a chunk of steps at a time.
 
     Per step, a cell needs only its recurrent product; the input's share of the gates is one
     [steps·B, I] x [I, gates] product per chunk, far faster than one small product per step.
@@ -128,13 +128,13 @@ class InputProjection:
     needs. One chunk is alive at a time, so memory stays O(chunk), not O(T).
 
     In the backward sweep the steps' gradients are collected and backpropagated through the
-    chunk at once (``cell.project_backward``) when its first step is reached. They are written
+    chunk at once (``weights.backward``) when its first step is reached. They are written
     over the chunk's projections, which the reverse steps no longer need once they are done, and
     the inputs are fetched again then rather than held: the chunk holds one tensor.
     """
 
-    def __init__(self, cell: RevCell, inputs: SequenceInput, steps: int) -> None:
-        self.cell, self.inputs, self.steps = cell, inputs, steps
+    def __init__(self, weights: InputWeights, inputs: SequenceInput, steps: int) -> None:
+        self.weights, self.inputs, self.steps = weights, inputs, steps
         self._start, self._stop = 0, 0
         self._values: torch.Tensor | None = None
 
@@ -152,7 +152,7 @@ class InputProjection:
         if not self._start <= t < self._stop:
             self._start = t - t % self.steps
             self._stop = min(self._start + self.steps, len(self.inputs))
-            self._values = self.cell.project(self._inputs())
+            self._values = self.weights.project(self._inputs())
         return self._values[t - self._start]
 
     def backward(self, t: int, grad: torch.Tensor) -> None:
@@ -161,7 +161,7 @@ class InputProjection:
         when its first step is reached."""
         self._values[t - self._start] = grad
         if t == self._start:
-            grad_x = self.cell.project_backward(self._inputs(), self._values)
+            grad_x = self.weights.backward(self._inputs(), self._values)
             for s in range(self._start, self._stop):
                 self.inputs.backward(s, grad_x[s - self._start])
             self._values = None
@@ -250,10 +250,12 @@ class ReversibleRNN(nn.Module):
 
     def work_bytes(self, batch: int, device: torch.device, outputs: bool = False) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
-        one chunk of layer 0's input projections, every layer's chunk of recurrent weight gradients
-        and one reverse step's temporaries; with ``outputs`` (a backward sweep taking output
-        gradients), also a chunk's states of every layer and its top-layer outputs."""
+        one chunk of layer 0's input projections, every layer's concatenated input weights and their
+        gradients, every layer's chunk of recurrent weight gradients and one reverse step's temporaries;
+        with ``outputs`` (a backward sweep taking output gradients), also a chunk's states of every
+        layer and its top-layer outputs."""
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
+                + sum(InputWeights.held_bytes(cell, grads=True) for cell in self.cells)
                 + sum(RecurrentGrads.held_bytes(cell, batch, self.weight_grad_steps(device)) for cell in self.cells)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
         if outputs:  # chunks of one step hold no states, only the step's output
@@ -306,15 +308,16 @@ class ReversibleRNN(nn.Module):
         return self._drop(layer, self.cells[layer - 1].output(below), dropout)
 
     @torch.no_grad()
-    def _projection(self, layer: int, t: int, projection: InputProjection, below: torch.Tensor,
-                    dropout: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _projection(self, layer: int, t: int, projection: InputProjection, weights: list[InputWeights],
+                    below: torch.Tensor, dropout: list[torch.Tensor | None]
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The projected input of ``layer`` at step t, and the input itself for a layer above 0
         (None for layer 0, whose chunk keeps its own). Layer 0's inputs are known for all steps
         and projected by chunks; a higher layer's exist only once the layer below has made its step."""
         if layer == 0:
             return projection.at(t), None
         x = self._layer_input(layer, below, dropout)
-        return self.cells[layer].project(x), x
+        return weights[layer].project(x), x
 
     @staticmethod
     def _drop(layer: int, x: torch.Tensor, dropout: list[torch.Tensor | None]) -> torch.Tensor:
@@ -349,10 +352,11 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=None if reversible else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
-        projection = InputProjection(self.cells[0], inputs, self.chunk_steps)
+        weights = [InputWeights(cell) for cell in self.cells]
+        projection = InputProjection(weights[0], inputs, self.chunk_steps)
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
-                p, _ = self._projection(layer, t, projection, states[layer - 1], tape.dropout)
+                p, _ = self._projection(layer, t, projection, weights, states[layer - 1], tape.dropout)
                 states[layer] = cell.forward_int(p, states[layer], tape.buffer, mask[t], tape.guard,
                                                  self._stored(layer))
             if tape.slices is not None:
@@ -402,31 +406,33 @@ class ReversibleRNN(nn.Module):
         steps, batch = tape.mask.shape
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
-        projection = InputProjection(self.cells[0], inputs, self.chunk_steps)
         device = tape.mask.device
+        weights = [InputWeights(cell, grads=True) for cell in self.cells]
+        projection = InputProjection(weights[0], inputs, self.chunk_steps)
         chunk = min(self.weight_grad_steps(device), steps)
-        weights = [RecurrentGrads(cell, batch, chunk, device) for cell in self.cells]
+        recurrent = [RecurrentGrads(cell, batch, chunk, device) for cell in self.cells]
         if output_grads is None or self.chunk_steps == 1:  # undo and backpropagate each step at once
             for t in reversed(range(steps)):
                 if output_grads is not None:
                     g_out = output_grads(slice(t, t + 1), self.cells[-1].output(tape.states[-1])[None])
                     if g_out is not None:
-                        grads[-1][:, : self.hidden_size] += g_out[0]
+                        grads[-1][:, : self.hidden_size].add_(g_out[0])
                 self._add_slice_grad(grads, slice_grad, t)
                 for layer in reversed(range(self.num_layers)):
-                    p, x = self._projection(layer, t, projection, tape.states[layer - 1], tape.dropout)
+                    p, x = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer], grads[layer], p_grad = self.cells[layer].reverse_diff(
                         p, tape.states[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),
-                        weights[layer])
-                    self._backward_input(layer, t, projection, x, p_grad, grads, tape.dropout)
+                        recurrent[layer])
+                    self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
         else:
-            self._reverse_chunks(tape, projection, weights, grads, output_grads, slice_grad)
-        for chunk in weights:
-            chunk.flush()
+            self._reverse_chunks(tape, projection, weights, recurrent, grads, output_grads, slice_grad)
+        for collected in recurrent + weights:
+            collected.flush()
         return grads
 
-    def _reverse_chunks(self, tape: Tape, projection: InputProjection, weights: list[RecurrentGrads],
-                        grads: list[torch.Tensor], output_grads: Callable[[slice, torch.Tensor], torch.Tensor | None],
+    def _reverse_chunks(self, tape: Tape, projection: InputProjection, weights: list[InputWeights],
+                        recurrent: list[RecurrentGrads], grads: list[torch.Tensor],
+                        output_grads: Callable[[slice, torch.Tensor], torch.Tensor | None],
                         slice_grad: torch.Tensor | None) -> None:
         """The backward sweep a chunk of steps at a time (see :meth:`backward_sweep`)."""
         steps = tape.mask.shape[0]
@@ -438,25 +444,25 @@ class ReversibleRNN(nn.Module):
             for t in reversed(chunk):
                 after.append(list(tape.states))
                 for layer in reversed(range(self.num_layers)):
-                    p, _ = self._projection(layer, t, projection, tape.states[layer - 1], tape.dropout)
+                    p, _ = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer] = self.cells[layer].reverse_int(
                         p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape))
             after.reverse()
             # 2. The gradients of the chunk's outputs, in one call.
-            outs = torch.stack([self.cells[-1].output(state[-1]) for state in after])
+            outs = self.cells[-1].output(torch.stack([state[-1] for state in after]))
             g_out = output_grads(slice(chunk.start, chunk.stop), outs)
             del outs
             # 3. Backpropagate the steps through the held states.
             for t in reversed(chunk):
                 if g_out is not None:
-                    grads[-1][:, : self.hidden_size] += g_out[t - start]
+                    grads[-1][:, : self.hidden_size].add_(g_out[t - start])
                 self._add_slice_grad(grads, slice_grad, t)
                 now, before = after[t - start], after[t - start - 1] if t > start else tape.states
                 for layer in reversed(range(self.num_layers)):
-                    p, x = self._projection(layer, t, projection, now[layer - 1], tape.dropout)
+                    p, x = self._projection(layer, t, projection, weights, now[layer - 1], tape.dropout)
                     grads[layer], p_grad = self.cells[layer].backward_step(
-                        p, before[layer], now[layer], grads[layer], tape.mask[t], backend, weights[layer])
-                    self._backward_input(layer, t, projection, x, p_grad, grads, tape.dropout)
+                        p, before[layer], now[layer], grads[layer], tape.mask[t], backend, recurrent[layer])
+                    self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
 
     def _restore(self, layer: int, t: int, tape: Tape) -> torch.Tensor | None:
         """The exact previous values of ``layer``'s stored output columns at step t (None if it stores none)."""
@@ -466,17 +472,18 @@ class ReversibleRNN(nn.Module):
 
     def _add_slice_grad(self, grads: list[torch.Tensor], slice_grad: torch.Tensor | None, t: int) -> None:
         if slice_grad is not None:
-            grads[-1][:, : self.slice_dim] += slice_grad[t]
+            grads[-1][:, : self.slice_dim].add_(slice_grad[t])
 
-    def _backward_input(self, layer: int, t: int, projection: InputProjection, x: torch.Tensor | None,
-                        p_grad: torch.Tensor, grads: list[torch.Tensor], dropout: list[torch.Tensor | None]) -> None:
+    def _backward_input(self, layer: int, t: int, projection: InputProjection, weights: list[InputWeights],
+                        x: torch.Tensor | None, p_grad: torch.Tensor, grads: list[torch.Tensor],
+                        dropout: list[torch.Tensor | None]) -> None:
         """Backpropagate d loss / d ``layer``'s projected input at step t: layer 0's a chunk at a time
         (its projection's), a higher layer's into the gradient of the layer below's state."""
         if layer == 0:
             projection.backward(t, p_grad)
         else:
-            below = self.cells[layer].project_backward(x, p_grad)
-            grads[layer - 1][:, : self.hidden_size] += self._drop(layer, below, dropout)
+            below = weights[layer].backward(x, p_grad)
+            grads[layer - 1][:, : self.hidden_size].add_(self._drop(layer, below, dropout))
 
     def _check_exact(self, tape: Tape) -> None:
         tape.check()

@@ -35,9 +35,9 @@ class StepKernels(ABC):
     column slice: a contiguous array lets a compiled loop vectorize); ``max_bits`` is the forget limit
     (``buffers.restrict_forget``, ``quantize_forget``); ``mask`` bool [B] marks live rows. Pushes and pops go through
     ``buf`` as :meth:`InformationBuffer.push_update` would, in the same order (RevLSTM: c then h).
-    In the reverse kernels ``prev=None`` pops the previous half from ``buf`` (and writes ``restore``,
-    the stored columns' previous values, over its first columns), while a given ``prev`` is taken as
-    the exact previous half and nothing is popped; ``grad=None`` skips the derivative, otherwise
+    In the reverse kernels a ``buf`` pops the previous half into ``prev`` (and writes ``restore``,
+    the stored columns' previous values, over its first columns), while without one (``buf=None``)
+    ``prev`` holds the exact previous half and nothing is popped; ``grad=None`` skips the derivative, otherwise
     ``grad`` (d loss / d new half, updated in place into d loss / d previous half) is backpropagated
     into the pre-activation gradients.
     """
@@ -60,10 +60,10 @@ class StepKernels(ABC):
     def gru_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor,
                     col: int,
                     s: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
-                    prev: torch.Tensor | None, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
-                    grad_g: torch.Tensor | None) -> torch.Tensor:
-        """Undo :meth:`gru_push` (see the class docstring) and return the previous half (int32); with
-        ``grad``, write d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
+                    prev: torch.Tensor, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
+                    grad_g: torch.Tensor | None) -> None:
+        """Undo :meth:`gru_push` into ``prev`` (int32; see the class docstring); with ``grad``, write
+        d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
 
     @abstractmethod
     def gru_read_grad(self, grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
@@ -80,11 +80,11 @@ class StepKernels(ABC):
     @abstractmethod
     def lstm_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
                      p: torch.Tensor, col: int, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
-                     prev: tuple[torch.Tensor, torch.Tensor] | None,
+                     prev: tuple[torch.Tensor, torch.Tensor],
                      grad: tuple[torch.Tensor, torch.Tensor] | None,
-                     grad_pre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Undo :meth:`lstm_push` (h popped, then c) and return the previous (h, c); with ``grad``
-        (d loss / d new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre``."""
+                     grad_pre: torch.Tensor | None) -> None:
+        """Undo :meth:`lstm_push` (h popped, then c) into ``prev`` = (h, c); with ``grad`` (d loss / d
+        new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre``."""
 
 
 def record_pushes(words: WordStack, groups: list[tuple[list[int], float | torch.Tensor]]) -> None:

@@ -372,13 +372,12 @@ class NumbaSteps(StepKernels):
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
-        pop, diff = prev is None, grad is not None
+        pop, diff = buf is not None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
             words = buf.words
             groups = [words.update_widths(h.shape[1], stored)]
             first, arrays = check_pops(words, groups), word_arrays(words)
-            prev = torch.empty_like(h)
         else:
             first, arrays = 0, _no_words()
         grads = (grad.numpy(), grad_z.numpy(), grad_g.numpy()) if diff else (_NO_FLOATS,) * 3
@@ -386,7 +385,6 @@ class NumbaSteps(StepKernels):
                              _restore_array(restore, h.shape[0]), *arrays, first, prev.numpy(), diff, *grads)
         if pop:
             _record_pops(words, status, groups)
-        return prev
 
     def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
         gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy())
@@ -404,13 +402,12 @@ class NumbaSteps(StepKernels):
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
-        pop, diff = prev is None, grad is not None
+        pop, diff = buf is not None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
             words = buf.words
             groups = [words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)]
             first, arrays = check_pops(words, groups), word_arrays(words)
-            prev = torch.empty_like(h), torch.empty_like(c)
         else:
             groups, first, arrays = [[]], 0, _no_words()
         grads = (grad[0].numpy(), grad[1].numpy(), grad_pre.numpy()) if diff else (_NO_FLOATS,) * 3
@@ -419,7 +416,6 @@ class NumbaSteps(StepKernels):
                               prev[0].numpy(), prev[1].numpy(), diff, *grads)
         if pop:
             _record_pops(words, status, groups)
-        return prev
 
 
 NUMBA_STEPS = NumbaSteps()

@@ -556,19 +556,17 @@ class TritonSteps(StepKernels):
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
-        pop = prev is None
+        pop = buf is not None
         if pop:
             words = buf.words
             groups = [words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
             first, tensors = check_pops(words, groups), _word_tensors(words)
-            prev = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         else:
             first, tensors = 0, _no_words(h.device)
         _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, grad, grad_z, grad_g, *tensors,
                         first, *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)
-        return prev
 
     def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
         _gru_read_grad_op(grad_rh, read, s, grad_r, grad_read)
@@ -586,14 +584,12 @@ class TritonSteps(StepKernels):
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
-        pop = prev is None
+        pop = buf is not None
         if pop:
             words = buf.words
             groups = [words.update_widths(c.shape[1], 0),
                       words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
             first, tensors = check_pops(words, groups), _word_tensors(words)
-            prev = (torch.empty(h.shape, dtype=h.dtype, device=h.device),
-                    torch.empty(c.shape, dtype=c.dtype, device=c.device))
         else:
             groups, first, tensors = [[]], 0, _no_words(h.device)
         grad_h, grad_c = (None, None) if grad is None else grad
@@ -601,7 +597,6 @@ class TritonSteps(StepKernels):
                          first, first + len(groups[0]), *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)
-        return prev
 
 
 TRITON_STEPS = TritonSteps()

@@ -105,7 +105,8 @@ def test_gru_kernels_match_the_torch_buffer_given_the_same_gates():
         pushed.append((h, out, pre_g, p, s, z, u))
     for h, out, pre_g, p, s, z, u in reversed(pushed):
         restore = h[:, :STORED]
-        prev = ns.NUMBA_STEPS.gru_reverse(fused, out, pre_g, p, col, s, MASK, BITS, restore, None, None, None, None)
+        prev = torch.empty_like(out)
+        ns.NUMBA_STEPS.gru_reverse(fused, out, pre_g, p, col, s, MASK, BITS, restore, prev, None, None, None)
         want = ref.pop_update(out, z, u, MASK, STORED)
         want[:, :STORED] = restore
         assert torch.equal(prev, want) and torch.equal(prev, h)
@@ -137,8 +138,8 @@ def test_lstm_kernels_match_the_torch_buffer_given_the_same_gates():
         pushed.append((h, c, out_h, out_c, pre, p, f, i * g, sp, o * tanh_c))
     for h, c, out_h, out_c, pre, p, f, u_c, sp, u_h in reversed(pushed):
         restore = h[:, :STORED]
-        prev_h, prev_c = ns.NUMBA_STEPS.lstm_reverse(fused, out_h, out_c, pre, p, col, MASK, BITS, restore, None, None,
-                                                     None)
+        prev_h, prev_c = torch.empty_like(out_h), torch.empty_like(out_c)
+        ns.NUMBA_STEPS.lstm_reverse(fused, out_h, out_c, pre, p, col, MASK, BITS, restore, (prev_h, prev_c), None, None)
         want_h = ref.pop_update(out_h, sp, u_h, MASK, STORED)
         want_h[:, :STORED] = restore
         want_c = ref.pop_update(out_c, f, u_c, MASK)

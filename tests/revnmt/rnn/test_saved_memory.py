@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 
 from revnmt.memory import SavedTensorMeter
 from revnmt.rnn import ReversibleRNN, TensorInput
-from revnmt.rnn.cells import RecurrentGrads
+from revnmt.rnn.cells import InputWeights, RecurrentGrads
 from revnmt.rnn.reversible import PROJECTION_STEPS, WEIGHT_GRAD_STEPS, InputProjection
 
 
@@ -118,6 +118,11 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     chunk = RecurrentGrads(rnn.cells[1], batch, steps, cpu)
     held = RecurrentGrads.held_bytes(rnn.cells[1], batch, steps)
     assert chunk.grad_pre.nbytes + chunk.inputs.nbytes == held
+    # So are every layer's input weights, concatenated for the sweep, and their gradients.
+    weights = [InputWeights(c, grads=True) for c in rnn.cells]
+    assert [sum(t.nbytes for t in (w.weight, w.bias, w.grad_weight, w.grad_bias)) for w in weights] == [
+        InputWeights.held_bytes(c, grads=True) for c in rnn.cells]
     without = (InputProjection.held_bytes(rnn.cells[0], batch, rnn.chunk_steps)
+               + sum(InputWeights.held_bytes(c, grads=True) for c in rnn.cells)
                + max(c.reverse_work_bytes(batch) for c in rnn.cells))
     assert rnn.work_bytes(batch, cpu) == without + 2 * held

@@ -129,8 +129,8 @@ def test_gru_kernels_make_the_torch_references_integers():
         if stored:
             want[:, :stored] = restore
         got_grad = grad.clone()
-        prev = TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, None, got_grad, grad_z,
-                                        grad_g)
+        prev = torch.empty_like(h)
+        TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, got_grad, grad_z, grad_g)
         assert torch.equal(prev, want) and torch.equal(prev, states[t])
         _assert_same_words(ours, ref)
         # The derivative alone, from the given previous half (backward_step), is the same.
@@ -178,8 +178,8 @@ def test_lstm_kernels_make_the_torch_references_integers():
         want_c = ref.pop_update(c, z_c, u_c, mask)
         grad = torch.randn(B, H, device=DEVICE), torch.randn(B, H, device=DEVICE)
         got_grad, grad_pre = tuple(g.clone() for g in grad), torch.empty(B, 5 * H, device=DEVICE)
-        prev = TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, None, got_grad,
-                                         grad_pre)
+        prev = torch.empty_like(h), torch.empty_like(c)
+        TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, got_grad, grad_pre)
         assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
         assert torch.equal(prev[0], states[t][0]) and torch.equal(prev[1], states[t][1])
         _assert_same_words(ours, ref)
