@@ -84,13 +84,13 @@ def to_fixed(x: torch.Tensor, radix: int = HIDDEN_RADIX, guard: OverflowGuard | 
     return fixed.to(torch.int32)
 
 
-def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = torch.float32,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """The real value of an integer fixed-point tensor, as ``dtype`` (written into ``out`` if given)."""
-    # One op, not two, for the default dtype (on CUDA, one kernel launch): an integer tensor times a
-    # Python float converts to the default dtype as .to() does, and the power-of-two factor is exact.
-    x = h if dtype == torch.get_default_dtype() else h.to(dtype)
-    return torch.mul(x, 2.0 ** -radix, out=out)
+def to_float(h: torch.Tensor, radix: int = HIDDEN_RADIX, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The real value of an integer fixed-point tensor, as ``dtype``."""
+    if dtype == torch.get_default_dtype():
+        # One op instead of two (on CUDA, one kernel launch): an integer tensor times a Python float
+        # converts to the default dtype as .to() does, and the power-of-two factor is exact.
+        return h * (2.0 ** -radix)
+    return h.to(dtype) * (2.0 ** -radix)
 
 
 def outside_int32(s: torch.Tensor) -> torch.Tensor:

@@ -320,8 +320,12 @@ class RecurrentGrads:
 
     def next_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next step's slots: d loss / d projection [B, gate columns] and the recurrent inputs
-        [linears, B, half], one per Linear in :meth:`RevCell._linears` order. The reverse kernels
-        write into them directly."""
+        [linears, B, half], one per Linear in :meth:`RevCell._linears` order.
+
+        The reverse step's products read fresh tensors and copy them here after: a slot lies inside the chunk
+        tensor, not aligned as a fresh allocation is, and a CPU BLAS may round a product of misaligned
+        data differently. The gates decoded from it would then not be the forward's, and the reverse would
+        fail (a budget probe with an odd batch size did)."""
         return self.grad_pre[self.count], self.inputs[:, self.count]
 
     def step_done(self) -> None:
@@ -401,7 +405,7 @@ class RevGRUCell(RevCell):
         with ``grads``, turn ``grads[i]`` into its gradient, add d loss / d h_j into ``grads[1 - i]`` (both
         in place) and fill the step's slots (:meth:`RecurrentGrads.next_step`) with half i's gate
         gradients and inputs."""
-        read = to_float(ints[1 - i], out=None if grads is None else slot[1][2 * i])
+        read = to_float(ints[1 - i])
         acts = self._activations(i, p, read)
         sz, r, rh, g = acts
         z, u = self._terms(acts)
@@ -410,6 +414,7 @@ class RevGRUCell(RevCell):
         ints[i] = prevs[i]
         if grads is None:
             return
+        slot[1][2 * i].copy_(read)
         slot[1][2 * i + 1].copy_(rh)
         grad_prev, grad_z, grad_u = grp.backward(to_float(ints[i]), z, grads[i])
         grads[i].copy_(grad_prev)
@@ -422,9 +427,9 @@ class RevGRUCell(RevCell):
         grads[1 - i].add_(torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))).add_(grad_rh * r)
 
     def _reverse_half_fused(self, kernels: StepKernels, i, p, ints, grads, buf, mask, restore, prevs, slot):
-        """:meth:`_reverse_half` by fused kernels, which write h_j's float and r·h_j into the step's slots."""
-        read = to_float(ints[1 - i], out=None if grads is None else slot[1][2 * i])
-        rh = torch.empty_like(read) if grads is None else slot[1][2 * i + 1]
+        """:meth:`_reverse_half` by fused kernels."""
+        read = to_float(ints[1 - i])
+        rh = torch.empty_like(read)
         w_zr, w_g = self._recurrent_weight(self.zr[i]), self._recurrent_weight(self.g[i])
         col = self._half_start(i)
         s = kernels.gru_gates(torch.mm(read, w_zr.t()), p, col, read, rh)
@@ -437,6 +442,8 @@ class RevGRUCell(RevCell):
         if grads is not None:
             kernels.gru_read_grad(torch.mm(grad_g, w_g), read, s, grad_r, grads[1 - i])
             grads[1 - i].addmm_(grad_pre[:, : 2 * self.half], w_zr)
+            slot[1][2 * i].copy_(read)
+            slot[1][2 * i + 1].copy_(rh)
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -506,7 +513,7 @@ class RevLSTMCell(RevCell):
         """Pop h_i, then c_i, in ``ints`` (state columns [h1 | h2 | c1 | c2]) and turn their gradients
         into the previous values'; see RevGRUCell."""
         h, c = i, 2 + i
-        read = to_float(ints[1 - i], out=None if grads is None else slot[1][i])
+        read = to_float(ints[1 - i])
         acts = self._activations(i, proj, read)
         sf, g, ig, o, sp = acts
         f, u_c, _, p = self._terms(acts)
@@ -517,6 +524,7 @@ class RevLSTMCell(RevCell):
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is None:
             return
+        slot[1][i].copy_(read)
         grad_pre = self._half_projection(slot[0], i)
         grad_h, grad_p, grad_uh = grp.backward(to_float(ints[h]), p, grads[h])
         grad_c, grad_f, grad_uc = grp.backward(to_float(ints[c]), f, grads[c] + grad_uh * o * (1 - tc * tc))
@@ -533,7 +541,7 @@ class RevLSTMCell(RevCell):
     def _reverse_half_fused(self, kernels: StepKernels, i, proj, ints, grads, buf, mask, restore, prevs, slot):
         """:meth:`_reverse_half` by one product and one fused kernel."""
         h, c = i, 2 + i
-        read = to_float(ints[1 - i], out=None if grads is None else slot[1][i])
+        read = to_float(ints[1 - i])
         w = self._recurrent_weight(self.gates[i])
         grad = None if grads is None else (grads[h], grads[c])
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
@@ -542,6 +550,7 @@ class RevLSTMCell(RevCell):
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
             grads[1 - i].addmm_(grad_pre, w)
+            slot[1][i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)
