@@ -3,6 +3,7 @@
     python benchmarks/layers.py [--device cpu|cuda] [--backend auto|numba|torch|triton] [--json FILE] [--breakdown]
     python benchmarks/layers.py --count-kernels [--device cpu|cuda] [--json FILE]
     python benchmarks/layers.py --batch-sizes 1 8 64 256 [--steps 50] [--json FILE]
+    python benchmarks/layers.py --products [--device cpu|cuda] [--json FILE]
 
 One training step = forward + backward of a 1-layer, 300-unit layer over a [T, 64, 300] input with
 a loss on every output (so every step's output gradient is needed, as in a decoder). Reversible
@@ -18,6 +19,10 @@ else" is inflated; the products' and loops' times are those of the calls themsel
 ``--batch-sizes`` times the step at every batch size instead of ``--batch`` and prints training tokens
 per second (batch × T per step) of both layers and how each scales from the first batch size: a layer
 whose step costs about the same at every batch size (launch- or Python-bound) scales with the batch.
+
+``--products`` times the matrix products of a step (batch 64, 300 units, RevLSTM's shapes, chunks of 2 steps
+for the input projection) both ways, ``torch.mm`` (the BLAS torch was built with) and ``revnmt.rnn.products.linear``
+(the sweeps' products: oneDNN on a CPU), and prints GFLOP/s of each: the seam's choice, measured.
 
 ``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and
 time step in the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20,
@@ -46,7 +51,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import buffers
-from revnmt.rnn import ReversibleRNN, TensorInput
+from revnmt.rnn import ReversibleRNN, TensorInput, products
 from revnmt.rnn.ordinary import OrdinaryRNN
 
 
@@ -104,7 +109,7 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None
     return case
 
 
-_PRODUCTS = ("torch.mm", "torch._C._nn.linear", "'addmm_'", "'addmm'")
+_PRODUCTS = ("torch.mm", "torch._C._nn.linear", "'addmm_'", "'addmm'", "_linear_pointwise")  # the last: oneDNN
 
 
 def profile_breakdown(step, repeats: int) -> dict:
@@ -161,6 +166,33 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
             "reverse_encoder_per_step": encoder.count / steps}
 
 
+#: (what, rows, inner, columns) of the products of a RevLSTM step, batch 64, 300 units (half 150, 5 gates per half).
+_STEP_PRODUCTS = (("input projection, 2 steps", 128, 300, 1500), ("recurrent, a half", 64, 150, 750),
+                  ("d loss / d h_j, a half", 64, 750, 150), ("recurrent weight gradient", 750, 64, 150),
+                  ("d loss / d input, 2 steps", 128, 1500, 300), ("input weight gradient", 1500, 128, 300))
+
+
+def report_products(device: torch.device, repeats: int, json_path: Path | None) -> None:
+    """GFLOP/s of ``torch.mm`` and of ``products.linear`` on a step's shapes, taking turns."""
+    name = _device_name(device)
+    print(f"matrix products of a RevLSTM step (batch 64, 300 units) on {name}, GFLOP/s")
+    print(f"{'product':28s} {'shape':>16s} {'torch.mm':>9s} {'products.linear':>16s} {'ratio':>6s}")
+    cases = []
+    for what, rows, inner, cols in _STEP_PRODUCTS:
+        a, w = torch.randn(rows, inner, device=device), torch.randn(cols, inner, device=device)
+        mm_ms, linear_ms = _time_pair(lambda a=a, w=w: [torch.mm(a, w.t()) for _ in range(20)],
+                                      lambda a=a, w=w: [products.linear(a, w) for _ in range(20)], device, repeats)
+        flops = 2 * rows * inner * cols * 20
+        case = {"product": what, "shape": [rows, inner, cols], "torch_mm_gflops": flops / mm_ms / 1e6,
+                "products_linear_gflops": flops / linear_ms / 1e6}
+        cases.append(case)
+        print(f"{what:28s} {f'{rows}x{inner}x{cols}':>16s} {case['torch_mm_gflops']:9.0f} "
+              f"{case['products_linear_gflops']:16.0f} {case['products_linear_gflops'] / case['torch_mm_gflops']:6.2f}")
+    if json_path:
+        json_path.write_text(json.dumps({"device": name, "onednn": products.uses_onednn(device), "cases": cases},
+                                        indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -176,6 +208,8 @@ def main() -> None:
                         help="the buffer backend of the reversible layers (see buffers.backends)")
     parser.add_argument("--count-kernels", action="store_true",
                         help="count the ops every backend dispatches per layer and step instead of timing")
+    parser.add_argument("--products", action="store_true",
+                        help="time a step's matrix products with torch.mm and with the sweeps' products instead")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--breakdown", action="store_true",
                         help="also split the reversal step's time into products, compiled loops and the rest")
@@ -183,6 +217,9 @@ def main() -> None:
     device = torch.device(args.device)
     if args.count_kernels:
         report_kernel_counts(device, args.json)
+        return
+    if args.products:
+        report_products(device, args.repeats, args.json)
         return
     if device.type == "cuda":
         # The cell must compute identically in the forward and the reverse sweep.

@@ -25,9 +25,10 @@ the reverse bit-exact: a gate one ulp off would decode the buffer with the wrong
 States are int32 tensors [B, state_size]: GRU [h1 | h2], LSTM [h1 | h2 | c1 | c2].
 
 With a buffer whose backend has fused kernels (numba on CPU, triton on CUDA: :mod:`revnmt.rnn.kernels`),
-``forward_int`` and the reverse steps run each half as its matrix products and one compiled loop (or
-Triton kernel) per elementwise stretch; the torch code here is the reference they implement (and what
-the torch backend runs).
+``forward_int`` and the reverse steps run each half as its matrix products (:func:`.products.linear`, with
+the sweep's copies of the weights, :class:`SweepWeights`) and one compiled loop (or Triton kernel) per
+elementwise stretch; the torch code here is the reference they implement (and what the torch backend and
+inference run, multiplying with ``torch.mm``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from buffers import (
     to_float,
 )
 
+from . import products
 from .kernels import StepKernels, step_kernels
 
 
@@ -148,14 +150,14 @@ class RevCell(nn.Module):
     def project(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The input's part of every gate pre-activation of both halves, biases included:
         [..., input] -> [..., gate columns of half 1 | of half 2], one product with
-        :meth:`input_weights` (or ``weights``, the same concatenated once for a sweep: :class:`InputWeights`).
+        :meth:`input_weights` (or ``weights``, the same concatenated once for a sweep: :class:`SweepWeights`).
 
         The step functions take this instead of x: the recurrent part is all that must be
         computed step by step, and ``ReversibleRNN`` projects known inputs for several steps in
         one matrix product. Forward and reverse must use the same projection values (the same
         call on the same data), or a gate could differ by an ulp and the reverse go wrong.
         """
-        return torch.nn.functional.linear(x, *(self.input_weights() if weights is None else weights))
+        return products.linear(x, *(self.input_weights() if weights is None else weights))
 
     def _recurrent(self, lin: nn.Linear, p: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The pre-activation of ``lin`` on [x; h], from x's projection ``p``."""
@@ -187,42 +189,56 @@ class RevCell(nn.Module):
         """The recurrent columns of ``lin``'s weight, [out, half] (a view)."""
         return lin.weight[:, self.input_size:]
 
+    def forward_int(self, p: torch.Tensor, state: torch.Tensor, buf: InformationBuffer | None, mask: torch.Tensor,
+                    guard: OverflowGuard | None = None, stored: int = 0, weights: SweepWeights | None = None
+                    ) -> torch.Tensor:
+        """One step on the int ``state`` from the projection ``p``: with a buffer, pushing what it forgets
+        (training); without, dropping it (inference, range errors to ``guard``). The first ``stored``
+        output columns skip the buffer. ``weights``: the sweep's (:class:`SweepWeights`; made here if None)."""
+        kernels = None if buf is None else step_kernels(buf.backend.name)
+        if kernels is None:
+            return self._forward_reference(p, state, buf, mask, guard, stored)
+        with torch.no_grad():
+            return self._forward_fused(kernels, SweepWeights(self) if weights is None else weights, p, state, buf,
+                                       mask, stored)
+
     @torch.no_grad()
     def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
-                     mask: torch.Tensor, restore: torch.Tensor | None = None,
-                     weights: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     mask: torch.Tensor, restore: torch.Tensor | None = None, weights: SweepWeights | None = None,
+                     collect: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
         ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
         d loss / d previous state and d loss / d ``p``; recurrent weight gradients accumulate in
-        ``.grad`` (through ``weights``, a chunk of steps per product, else at once; d loss / d ``p`` is
-        then a view into the chunk, overwritten a chunk of steps later). The gates that
+        ``.grad`` (through ``collect``, a chunk of steps per product, else at once; d loss / d ``p`` is
+        then a view into the chunk, overwritten a chunk of steps later). ``weights``: the sweep's
+        (:class:`SweepWeights`), those of the forward sweep's :meth:`forward_int`. The gates that
         decode the buffer are computed once and differentiated by hand (the derivative of
         :meth:`_Group.surrogate` through the gates, what ``forward_diff`` gives autograd): a per-step
         autograd graph cost more than the step's arithmetic. Half 2 is undone first, from the new
         h1; its gradient on h1 joins ``grad`` before half 1 is backpropagated. It is
         :meth:`reverse_int` and :meth:`backward_step` in one pass, with the gates computed once.
         """
-        return self._reverse(p, state, buf, mask, restore, None, grad, weights, buf.backend.name)
+        return self._reverse(p, state, buf, mask, restore, None, grad, weights, collect, buf.backend.name)
 
     @torch.no_grad()
     def reverse_int(self, p: torch.Tensor, state: torch.Tensor, buf: InformationBuffer, mask: torch.Tensor,
-                    restore: torch.Tensor | None = None) -> torch.Tensor:
+                    restore: torch.Tensor | None = None, weights: SweepWeights | None = None) -> torch.Tensor:
         """Undo the step that produced ``state``: pop the buffer to the exact previous int state, no gradients."""
-        return self._reverse(p, state, buf, mask, restore, None, None, None, buf.backend.name)[0]
+        return self._reverse(p, state, buf, mask, restore, None, None, weights, None, buf.backend.name)[0]
 
     @torch.no_grad()
     def backward_step(self, p: torch.Tensor, prev: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
-                      mask: torch.Tensor, backend: str = "torch", weights: RecurrentGrads | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      mask: torch.Tensor, backend: str = "torch", weights: SweepWeights | None = None,
+                      collect: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Backpropagate the step ``prev`` → ``state`` (both exact int states; no buffer): returns
         d loss / d ``prev`` and d loss / d ``p`` from ``grad`` = d loss / d ``state``, recurrent weight
         gradients accumulating as in :meth:`reverse_diff`. ``backend`` (a resolved buffer backend name,
         ``buf.backend.name``) picks the gate code, so that the gradients are those of :meth:`reverse_diff`."""
-        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, backend)
+        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, collect, backend)
         return grad_prev, grad_p
 
-    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, backend):
+    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, collect, backend):
         """The reverse step: pop from ``buf`` (``prev`` None) or take ``prev``, and backpropagate (``grad`` given).
 
         The halves are popped into the views of one new state and their gradients updated in place in
@@ -233,43 +249,55 @@ class RevCell(nn.Module):
         prevs = self._split(prev if popped is None else popped)
         grad = None if grad is None else grad.clone()
         grads = None if grad is None else self._split(grad)
-        if grads is not None and weights is None:
-            weights = RecurrentGrads(self, p.shape[0], 1, p.device)
-        slot = None if grads is None else weights.next_step()
+        if grads is not None and collect is None:
+            collect = RecurrentGrads(self, p.shape[0], 1, p.device)
+        slot = None if grads is None else collect.next_step()
+        if kernels is not None and weights is None:
+            weights = SweepWeights(self, grads=grads is not None)
         for i in (1, 0):
             if kernels is None:
                 self._reverse_half(i, p, ints, grads, self._group(buf, mask, None), self._restore(i, restore),
                                    prevs, slot)
             else:
-                self._reverse_half_fused(kernels, i, p, ints, grads, buf, mask, self._restore(i, restore), prevs,
-                                         slot)
+                self._reverse_half_fused(kernels, weights, i, p, ints, grads, buf, mask, self._restore(i, restore),
+                                         prevs, slot)
         if grads is not None:
-            weights.step_done()
+            collect.step_done()
         return popped, grad, None if slot is None else slot[0]
 
 
-class InputWeights:
-    """A cell's input projection (:meth:`RevCell.project`) for the length of one sweep.
+class SweepWeights:
+    """A cell's weights for the length of one sweep, laid out once for its products (:mod:`.products`).
 
-    The Linears' input columns are concatenated once per sweep, not once per projection (a sweep
-    projects every step or chunk of steps with the same weights), and in a backward sweep the
-    gradients of those columns and of the biases collect in one weight-sized tensor per sweep:
-    a projection's backward is then three products, not four per Linear, and the Linears' ``.grad``
+    A sweep multiplies by the same weights at every step, so they are copied into the layouts the
+    products want once per sweep, not sliced per step: the Linears' input columns and biases
+    concatenated (a projection, :meth:`project`, is one product), each Linear's recurrent columns
+    contiguous (``recurrent``, in :meth:`RevCell._linears` order: oneDNN is far slower on a column
+    slice) and, for a backward sweep (``grads``), their transposes (the backward's products). The
+    gradients of the input columns and biases collect in one weight-sized tensor per sweep: a
+    projection's backward is then three products, not four per Linear, and the Linears' ``.grad``
     get the sum once, at :meth:`flush`. Held memory: :meth:`held_bytes`.
+
+    Forward and reverse multiply by copies of the same values, so their products are the same bits.
     """
 
     def __init__(self, cell: RevCell, grads: bool = False) -> None:
         self.cell = cell
         with torch.no_grad():
             self.weight, self.bias = cell.input_weights()
+            self.recurrent = [cell._recurrent_weight(lin).contiguous() for lin in cell._linears()]
+        self.weight_t = self.weight.t().contiguous() if grads else None
+        self.recurrent_t = [w.t().contiguous() for w in self.recurrent] if grads else None
         self.grad_weight = torch.zeros_like(self.weight) if grads else None
         self.grad_bias = torch.zeros_like(self.bias) if grads else None
         self._ones: torch.Tensor | None = None  # the bias gradient is grad^T · ones: one product, no sum + add
 
     @staticmethod
     def held_bytes(cell: RevCell, grads: bool) -> int:
-        """Bytes of the concatenated weights (and their gradients, with ``grads``): memory accounting."""
-        return (1 + grads) * cell.project_width * (cell.input_size + 1) * 4
+        """Bytes of the copies (with ``grads``, also the transposes and the input gradients): memory accounting."""
+        width = cell.project_width
+        return ((1 + grads) * width * (cell.input_size + 1) + (1 + grads) * width * cell.half
+                + grads * width * cell.input_size) * 4
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """``cell.project(x)`` with the sweep's weights: the same values, bit for bit."""
@@ -282,9 +310,9 @@ class InputWeights:
         x2, grad2 = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
         if self._ones is None or len(self._ones) < len(grad2):
             self._ones = torch.ones(len(grad2), device=grad2.device)
-        self.grad_weight.addmm_(grad2.t(), x2)
+        self.grad_weight.add_(products.linear(grad2.t(), x2.t()))
         self.grad_bias.addmv_(grad2.t(), self._ones[: len(grad2)])
-        return torch.mm(grad2, self.weight).view_as(x)
+        return products.linear(grad2, self.weight_t).view_as(x)
 
     @torch.no_grad()
     def flush(self) -> None:
@@ -344,7 +372,7 @@ class RecurrentGrads:
         for k, lin in enumerate(cell._linears()):
             g = self.grad_pre[:n, :, start: start + lin.out_features].reshape(-1, lin.out_features)
             x = self.inputs[k, :n].reshape(-1, cell.half)
-            _grad_of(lin.weight)[:, cell.input_size:].addmm_(g.t(), x)
+            _grad_of(lin.weight)[:, cell.input_size:].add_(products.linear(g.t(), x.t()))
             start += lin.out_features
         self.count = 0
 
@@ -376,27 +404,23 @@ class RevGRUCell(RevCell):
     def _gates(self, i: int, p: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._terms(self._activations(i, p, other))
 
-    def forward_int(self, p, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
-        kernels = None if buf is None else step_kernels(buf.backend.name)
-        if kernels is not None:
-            return self._forward_fused(kernels, p, state, buf, mask, stored)
+    def _forward_reference(self, p, state, buf, mask, guard, stored) -> torch.Tensor:
         h = self._split(state)
         grp = self._group(buf, mask, guard)
         for i in (0, 1):
             h[i] = grp.push(h[i], *self._gates(i, p, to_float(h[1 - i])), self._stored(i, stored))
         return torch.cat(h, 1)
 
-    @torch.no_grad()
-    def _forward_fused(self, kernels: StepKernels, p, state, buf, mask, stored) -> torch.Tensor:
-        """:meth:`forward_int` with a buffer, by fused kernels: per half the z, r product, the gates
-        kernel, the g product and the update kernel (which also makes the float copy the next half reads)."""
+    def _forward_fused(self, kernels: StepKernels, weights: SweepWeights, p, state, buf, mask, stored) -> torch.Tensor:
+        """Per half the z, r product, the gates kernel, the g product and the update kernel (which also
+        makes the float copy the next half reads)."""
         h, out = self._split(state), torch.empty_like(state)
         read = to_float(h[1])
         for i, new in zip((0, 1), self._split(out)):
             col = self._half_start(i)
             rh = torch.empty_like(read)
-            s = kernels.gru_gates(torch.mm(read, self._recurrent_weight(self.zr[i]).t()), p, col, read, rh)
-            read = kernels.gru_push(buf, h[i], torch.mm(rh, self._recurrent_weight(self.g[i]).t()), p,
+            s = kernels.gru_gates(products.linear(read, weights.recurrent[2 * i]), p, col, read, rh)
+            read = kernels.gru_push(buf, h[i], products.linear(rh, weights.recurrent[2 * i + 1]), p,
                                     col + 2 * self.half, s, mask, self._stored(i, stored), self.max_forget_bits, new)
         return out
 
@@ -426,22 +450,23 @@ class RevGRUCell(RevCell):
         torch.mul(grad_rh * read * r, 1 - r, out=grad_pre_r)
         grads[1 - i].add_(torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))).add_(grad_rh * r)
 
-    def _reverse_half_fused(self, kernels: StepKernels, i, p, ints, grads, buf, mask, restore, prevs, slot):
+    def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, p, ints, grads, buf, mask,
+                            restore, prevs, slot):
         """:meth:`_reverse_half` by fused kernels."""
         read = to_float(ints[1 - i])
         rh = torch.empty_like(read)
-        w_zr, w_g = self._recurrent_weight(self.zr[i]), self._recurrent_weight(self.g[i])
         col = self._half_start(i)
-        s = kernels.gru_gates(torch.mm(read, w_zr.t()), p, col, read, rh)
-        pre_g = torch.mm(rh, w_g.t())
+        s = kernels.gru_gates(products.linear(read, weights.recurrent[2 * i]), p, col, read, rh)
+        pre_g = products.linear(rh, weights.recurrent[2 * i + 1])
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
         grad_z, grad_r, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
         kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits, restore,
                             prevs[i], None if grads is None else grads[i], grad_z, grad_g)
         ints[i] = prevs[i]
         if grads is not None:
-            kernels.gru_read_grad(torch.mm(grad_g, w_g), read, s, grad_r, grads[1 - i])
-            grads[1 - i].addmm_(grad_pre[:, : 2 * self.half], w_zr)
+            kernels.gru_read_grad(products.linear(grad_g, weights.recurrent_t[2 * i + 1]), read, s, grad_r,
+                                  grads[1 - i])
+            grads[1 - i].add_(products.linear(grad_pre[:, : 2 * self.half], weights.recurrent_t[2 * i]))
             slot[1][2 * i].copy_(read)
             slot[1][2 * i + 1].copy_(rh)
 
@@ -484,10 +509,7 @@ class RevLSTMCell(RevCell):
     def _gates(self, i: int, proj: torch.Tensor, other: torch.Tensor):
         return self._terms(self._activations(i, proj, other))
 
-    def forward_int(self, proj, state, buf, mask, guard=None, stored: int = 0) -> torch.Tensor:
-        kernels = None if buf is None else step_kernels(buf.backend.name)
-        if kernels is not None:
-            return self._forward_fused(kernels, proj, state, buf, mask, stored)
+    def _forward_reference(self, proj, state, buf, mask, guard, stored) -> torch.Tensor:
         h1, h2, c1, c2 = self._split(state)
         h, c = [h1, h2], [c1, c2]
         grp = self._group(buf, mask, guard)
@@ -497,14 +519,14 @@ class RevLSTMCell(RevCell):
             h[i] = grp.push(h[i], p, o * torch.tanh(to_float(c[i])), self._stored(i, stored))
         return torch.cat(h + c, 1)
 
-    @torch.no_grad()
-    def _forward_fused(self, kernels: StepKernels, proj, state, buf, mask, stored) -> torch.Tensor:
-        """:meth:`forward_int` with a buffer, by fused kernels: per half one product and one kernel."""
+    def _forward_fused(self, kernels: StepKernels, weights: SweepWeights, proj, state, buf, mask, stored
+                       ) -> torch.Tensor:
+        """Per half one product and one kernel."""
         ints, out = self._split(state), torch.empty_like(state)
         new = self._split(out)
         read = to_float(ints[1])
         for i in (0, 1):
-            pre = torch.mm(read, self._recurrent_weight(self.gates[i]).t())
+            pre = products.linear(read, weights.recurrent[i])
             read = kernels.lstm_push(buf, ints[i], ints[2 + i], pre, proj, self._half_start(i), mask,
                                      self._stored(i, stored), self.max_forget_bits, new[i], new[2 + i])
         return out
@@ -538,18 +560,19 @@ class RevLSTMCell(RevCell):
         torch.mul(grad_p * self._slope * sp, 1 - sp, out=out_p)
         grads[1 - i].add_(torch.mm(grad_pre, self._recurrent_weight(self.gates[i])))
 
-    def _reverse_half_fused(self, kernels: StepKernels, i, proj, ints, grads, buf, mask, restore, prevs, slot):
+    def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, proj, ints, grads, buf, mask,
+                            restore, prevs, slot):
         """:meth:`_reverse_half` by one product and one fused kernel."""
         h, c = i, 2 + i
         read = to_float(ints[1 - i])
-        w = self._recurrent_weight(self.gates[i])
         grad = None if grads is None else (grads[h], grads[c])
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
-        kernels.lstm_reverse(buf, ints[h], ints[c], torch.mm(read, w.t()), proj, self._half_start(i), mask,
-                             self.max_forget_bits, restore, (prevs[h], prevs[c]), grad, grad_pre)
+        kernels.lstm_reverse(buf, ints[h], ints[c], products.linear(read, weights.recurrent[i]), proj,
+                             self._half_start(i), mask, self.max_forget_bits, restore, (prevs[h], prevs[c]), grad,
+                             grad_pre)
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
-            grads[1 - i].addmm_(grad_pre, w)
+            grads[1 - i].add_(products.linear(grad_pre, weights.recurrent_t[i]))
             slot[1][i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:

@@ -35,7 +35,7 @@ from torch import nn
 
 from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, backends, to_float
 
-from .cells import REV_CELLS, InputWeights, RecurrentGrads, RevCell
+from .cells import REV_CELLS, RecurrentGrads, RevCell, SweepWeights
 
 #: Steps per chunk when a stack is given none (``chunk_steps``): layer 0's input projections are computed this many
 #: steps per matrix product (see InputProjection). Longer chunks are faster, but a chunk is held memory, steps x batch
@@ -133,7 +133,7 @@ class InputProjection:
     the inputs are fetched again then rather than held: the chunk holds one tensor.
     """
 
-    def __init__(self, weights: InputWeights, inputs: SequenceInput, steps: int) -> None:
+    def __init__(self, weights: SweepWeights, inputs: SequenceInput, steps: int) -> None:
         self.weights, self.inputs, self.steps = weights, inputs, steps
         self._start, self._stop = 0, 0
         self._values: torch.Tensor | None = None
@@ -250,12 +250,12 @@ class ReversibleRNN(nn.Module):
 
     def work_bytes(self, batch: int, device: torch.device, outputs: bool = False) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
-        one chunk of layer 0's input projections, every layer's concatenated input weights and their
+        one chunk of layer 0's input projections, every layer's copied weights (SweepWeights) and their
         gradients, every layer's chunk of recurrent weight gradients and one reverse step's temporaries;
         with ``outputs`` (a backward sweep taking output gradients), also a chunk's states of every
         layer and its top-layer outputs."""
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
-                + sum(InputWeights.held_bytes(cell, grads=True) for cell in self.cells)
+                + sum(SweepWeights.held_bytes(cell, grads=True) for cell in self.cells)
                 + sum(RecurrentGrads.held_bytes(cell, batch, self.weight_grad_steps(device)) for cell in self.cells)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
         if outputs:  # chunks of one step hold no states, only the step's output
@@ -308,7 +308,7 @@ class ReversibleRNN(nn.Module):
         return self._drop(layer, self.cells[layer - 1].output(below), dropout)
 
     @torch.no_grad()
-    def _projection(self, layer: int, t: int, projection: InputProjection, weights: list[InputWeights],
+    def _projection(self, layer: int, t: int, projection: InputProjection, weights: list[SweepWeights],
                     below: torch.Tensor, dropout: list[torch.Tensor | None]
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The projected input of ``layer`` at step t, and the input itself for a layer above 0
@@ -352,13 +352,13 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=None if reversible else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
-        weights = [InputWeights(cell) for cell in self.cells]
+        weights = [SweepWeights(cell) for cell in self.cells]
         projection = InputProjection(weights[0], inputs, self.chunk_steps)
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
                 p, _ = self._projection(layer, t, projection, weights, states[layer - 1], tape.dropout)
                 states[layer] = cell.forward_int(p, states[layer], tape.buffer, mask[t], tape.guard,
-                                                 self._stored(layer))
+                                                 self._stored(layer), weights[layer])
             if tape.slices is not None:
                 tape.slices[t] = states[-1][:, : self.slice_dim]
         tape.check()  # one host sync per sweep, not per step
@@ -407,7 +407,7 @@ class ReversibleRNN(nn.Module):
         grads = [torch.zeros(batch, self.state_size, device=tape.mask.device) if g is None else g.clone()
                  for g in (grad_final or [None] * self.num_layers)]
         device = tape.mask.device
-        weights = [InputWeights(cell, grads=True) for cell in self.cells]
+        weights = [SweepWeights(cell, grads=True) for cell in self.cells]
         projection = InputProjection(weights[0], inputs, self.chunk_steps)
         chunk = min(self.weight_grad_steps(device), steps)
         recurrent = [RecurrentGrads(cell, batch, chunk, device) for cell in self.cells]
@@ -422,7 +422,7 @@ class ReversibleRNN(nn.Module):
                     p, x = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer], grads[layer], p_grad = self.cells[layer].reverse_diff(
                         p, tape.states[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),
-                        recurrent[layer])
+                        weights[layer], recurrent[layer])
                     self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
         else:
             self._reverse_chunks(tape, projection, weights, recurrent, grads, output_grads, slice_grad)
@@ -430,7 +430,7 @@ class ReversibleRNN(nn.Module):
             collected.flush()
         return grads
 
-    def _reverse_chunks(self, tape: Tape, projection: InputProjection, weights: list[InputWeights],
+    def _reverse_chunks(self, tape: Tape, projection: InputProjection, weights: list[SweepWeights],
                         recurrent: list[RecurrentGrads], grads: list[torch.Tensor],
                         output_grads: Callable[[slice, torch.Tensor], torch.Tensor | None],
                         slice_grad: torch.Tensor | None) -> None:
@@ -446,7 +446,7 @@ class ReversibleRNN(nn.Module):
                 for layer in reversed(range(self.num_layers)):
                     p, _ = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer] = self.cells[layer].reverse_int(
-                        p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape))
+                        p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape), weights[layer])
             after.reverse()
             # 2. The gradients of the chunk's outputs, in one call.
             outs = self.cells[-1].output(torch.stack([state[-1] for state in after]))
@@ -461,7 +461,8 @@ class ReversibleRNN(nn.Module):
                 for layer in reversed(range(self.num_layers)):
                     p, x = self._projection(layer, t, projection, weights, now[layer - 1], tape.dropout)
                     grads[layer], p_grad = self.cells[layer].backward_step(
-                        p, before[layer], now[layer], grads[layer], tape.mask[t], backend, recurrent[layer])
+                        p, before[layer], now[layer], grads[layer], tape.mask[t], backend, weights[layer],
+                        recurrent[layer])
                     self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
 
     def _restore(self, layer: int, t: int, tape: Tape) -> torch.Tensor | None:
@@ -474,7 +475,7 @@ class ReversibleRNN(nn.Module):
         if slice_grad is not None:
             grads[-1][:, : self.slice_dim].add_(slice_grad[t])
 
-    def _backward_input(self, layer: int, t: int, projection: InputProjection, weights: list[InputWeights],
+    def _backward_input(self, layer: int, t: int, projection: InputProjection, weights: list[SweepWeights],
                         x: torch.Tensor | None, p_grad: torch.Tensor, grads: list[torch.Tensor],
                         dropout: list[torch.Tensor | None]) -> None:
         """Backpropagate d loss / d ``layer``'s projected input at step t: layer 0's a chunk at a time

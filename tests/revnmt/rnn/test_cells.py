@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from revnmt.rnn.cells import REV_CELLS, InputWeights
+from revnmt.rnn.cells import REV_CELLS, SweepWeights
 
 
 @pytest.mark.parametrize("cell", sorted(REV_CELLS))
@@ -12,7 +12,7 @@ def test_input_weights_project_and_backpropagate_as_autograd_does(cell):
     layer = REV_CELLS[cell](12, 16)
     x, grad = torch.randn(3, 5, 12), torch.randn(3, 5, layer.project_width)
 
-    weights = InputWeights(layer, grads=True)
+    weights = SweepWeights(layer, grads=True)
     # The sweep's projection is cell.project's, bit for bit: exact reversal needs the same gates.
     assert torch.equal(weights.project(x), layer.project(x))
 

@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 
 from revnmt.memory import SavedTensorMeter
 from revnmt.rnn import ReversibleRNN, TensorInput
-from revnmt.rnn.cells import InputWeights, RecurrentGrads
+from revnmt.rnn.cells import RecurrentGrads, SweepWeights
 from revnmt.rnn.reversible import PROJECTION_STEPS, WEIGHT_GRAD_STEPS, InputProjection
 
 
@@ -118,11 +118,17 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     chunk = RecurrentGrads(rnn.cells[1], batch, steps, cpu)
     held = RecurrentGrads.held_bytes(rnn.cells[1], batch, steps)
     assert chunk.grad_pre.nbytes + chunk.inputs.nbytes == held
-    # So are every layer's input weights, concatenated for the sweep, and their gradients.
-    weights = [InputWeights(c, grads=True) for c in rnn.cells]
-    assert [sum(t.nbytes for t in (w.weight, w.bias, w.grad_weight, w.grad_bias)) for w in weights] == [
-        InputWeights.held_bytes(c, grads=True) for c in rnn.cells]
+    # So are every layer's weights, copied for the sweep, their transposes and the input gradients: every
+    # tensor a SweepWeights holds but the bias gradient's vector of ones (one float per row).
+    weights = [SweepWeights(c, grads=True) for c in rnn.cells]
+    assert [_held_tensor_bytes(w) for w in weights] == [SweepWeights.held_bytes(c, grads=True) for c in rnn.cells]
     without = (InputProjection.held_bytes(rnn.cells[0], batch, rnn.chunk_steps)
-               + sum(InputWeights.held_bytes(c, grads=True) for c in rnn.cells)
+               + sum(SweepWeights.held_bytes(c, grads=True) for c in rnn.cells)
                + max(c.reverse_work_bytes(batch) for c in rnn.cells))
     assert rnn.work_bytes(batch, cpu) == without + 2 * held
+
+
+def _held_tensor_bytes(weights: SweepWeights) -> int:
+    held = [v for name, v in vars(weights).items() if name != "_ones"]
+    tensors = [t for v in held for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor)]
+    return sum(t.nbytes for t in tensors)
