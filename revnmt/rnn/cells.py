@@ -310,7 +310,7 @@ class SweepWeights:
         x2, grad2 = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
         if self._ones is None or len(self._ones) < len(grad2):
             self._ones = torch.ones(len(grad2), device=grad2.device)
-        self.grad_weight.add_(products.linear(grad2.t(), x2.t()))
+        products.accumulate(self.grad_weight, grad2.t(), x2.t())
         self.grad_bias.addmv_(grad2.t(), self._ones[: len(grad2)])
         return products.linear(grad2, self.weight_t).view_as(x)
 
@@ -372,7 +372,7 @@ class RecurrentGrads:
         for k, lin in enumerate(cell._linears()):
             g = self.grad_pre[:n, :, start: start + lin.out_features].reshape(-1, lin.out_features)
             x = self.inputs[k, :n].reshape(-1, cell.half)
-            _grad_of(lin.weight)[:, cell.input_size:].add_(products.linear(g.t(), x.t()))
+            products.accumulate(_grad_of(lin.weight)[:, cell.input_size:], g.t(), x.t())
             start += lin.out_features
         self.count = 0
 
@@ -466,7 +466,7 @@ class RevGRUCell(RevCell):
         if grads is not None:
             kernels.gru_read_grad(products.linear(grad_g, weights.recurrent_t[2 * i + 1]), read, s, grad_r,
                                   grads[1 - i])
-            grads[1 - i].add_(products.linear(grad_pre[:, : 2 * self.half], weights.recurrent_t[2 * i]))
+            products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent_t[2 * i])
             slot[1][2 * i].copy_(read)
             slot[1][2 * i + 1].copy_(rh)
 
@@ -572,7 +572,7 @@ class RevLSTMCell(RevCell):
                              grad_pre)
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
-            grads[1 - i].add_(products.linear(grad_pre, weights.recurrent_t[i]))
+            products.accumulate(grads[1 - i], grad_pre, weights.recurrent_t[i])
             slot[1][i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:

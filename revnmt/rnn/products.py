@@ -67,3 +67,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _OneDNNLinear.apply(x, weight, bias)
     return _onednn_linear(x, weight, bias)
+
+
+@torch.no_grad()
+def accumulate(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """out += x · weightᵀ, as :func:`linear` computes the product (the backward's gradient sums). Off oneDNN it is
+    one ``addmm_``: on CUDA one launch, not a product and an add."""
+    if uses_onednn(x.device):
+        out.add_(linear(x, weight))
+    else:
+        out.addmm_(x, weight.t())

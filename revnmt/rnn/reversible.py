@@ -11,8 +11,8 @@ Training by reversal (MacKay et al. 2018, §6 of our paper notes):
    attention and loss), reverses the layer one step to recover the exact previous state and
    backpropagates that step, through the very gates that decoded the buffer (``reverse_diff``,
    differentiated by hand). A stack whose outputs get gradients goes by chunks of steps instead:
-   it undoes a chunk's steps first (holding their states), gets the gradients of all the chunk's
-   outputs in one call, then backpropagates the steps. Only a chunk's states, one step's
+   it undoes a chunk's steps but its first (holding their states), gets the gradients of all the
+   chunk's outputs in one call, then backpropagates the steps. Only a chunk's states, one step's
    temporaries and one chunk of input projections are alive at any time, and autograd saves
    nothing: memory does not grow with T.
 3. At the end the reconstructed initial state must equal the true one and the buffer must be
@@ -258,9 +258,9 @@ class ReversibleRNN(nn.Module):
                 + sum(SweepWeights.held_bytes(cell, grads=True) for cell in self.cells)
                 + sum(RecurrentGrads.held_bytes(cell, batch, self.weight_grad_steps(device)) for cell in self.cells)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
-        if outputs:  # chunks of one step hold no states, only the step's output
-            states = self.num_layers * self.state_size if self.chunk_steps > 1 else 0
-            held += self.chunk_steps * batch * (states + self.hidden_size) * 4
+        if outputs:  # the states after each step of a chunk but its first (that is the sweep's own), every output
+            states = (self.chunk_steps - 1) * self.num_layers * self.state_size
+            held += batch * (states + self.chunk_steps * self.hidden_size) * 4
         return held
 
     def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
@@ -371,11 +371,12 @@ class ReversibleRNN(nn.Module):
 
         Without ``output_grads`` (or with chunks of one step) each step is undone and backpropagated
         at once, through the gates that decoded the buffer (``cell.reverse_diff``). With it, the sweep
-        goes a chunk of ``chunk_steps`` steps at a time: it undoes the chunk's steps first (``cell.reverse_int``,
-        holding their states), asks for the gradients of all their outputs in one call, then
-        backpropagates the steps (``cell.backward_step``, recomputing the gates from the held
-        states). The decoder's attention and loss thus run once per chunk, not once per step, and
-        memory stays O(chunk), not O(T).
+        goes a chunk of ``chunk_steps`` steps at a time: it undoes the chunk's steps but its first
+        (``cell.reverse_int``, holding their states; the first step's output is the state then reached),
+        asks for the gradients of all their outputs in one call, then backpropagates the steps
+        (``cell.backward_step``, recomputing the gates from the held states) and, last, undoes and
+        backpropagates the first step at once (``cell.reverse_diff``). The decoder's attention and loss
+        thus run once per chunk, not once per step, and memory stays O(chunk), not O(T).
 
         Args:
             grad_final: gradient of the loss w.r.t. each layer's final state (real values), or None.
@@ -439,30 +440,37 @@ class ReversibleRNN(nn.Module):
         backend = tape.buffer.backend.name  # the gates of backward_step must be those reverse_int decoded with
         for start in reversed(range(0, steps, self.chunk_steps)):
             chunk = range(start, min(start + self.chunk_steps, steps))
-            # 1. Undo the chunk's steps, holding every layer's state after each step: after[t - start].
+            # 1. Undo the chunk's steps but its first, holding every layer's state after each step: after[t - start].
             after = []
-            for t in reversed(chunk):
+            for t in reversed(chunk[1:]):
                 after.append(list(tape.states))
                 for layer in reversed(range(self.num_layers)):
                     p, _ = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer] = self.cells[layer].reverse_int(
                         p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape), weights[layer])
+            after.append(list(tape.states))
             after.reverse()
             # 2. The gradients of the chunk's outputs, in one call.
             outs = self.cells[-1].output(torch.stack([state[-1] for state in after]))
             g_out = output_grads(slice(chunk.start, chunk.stop), outs)
             del outs
-            # 3. Backpropagate the steps through the held states.
+            # 3. Backpropagate the steps through the held states; undo and backpropagate the first at once.
             for t in reversed(chunk):
                 if g_out is not None:
                     grads[-1][:, : self.hidden_size].add_(g_out[t - start])
                 self._add_slice_grad(grads, slice_grad, t)
-                now, before = after[t - start], after[t - start - 1] if t > start else tape.states
                 for layer in reversed(range(self.num_layers)):
+                    now = after[t - start]
                     p, x = self._projection(layer, t, projection, weights, now[layer - 1], tape.dropout)
-                    grads[layer], p_grad = self.cells[layer].backward_step(
-                        p, before[layer], now[layer], grads[layer], tape.mask[t], backend, weights[layer],
-                        recurrent[layer])
+                    cell = self.cells[layer]
+                    if t > start:
+                        grads[layer], p_grad = cell.backward_step(
+                            p, after[t - start - 1][layer], now[layer], grads[layer], tape.mask[t], backend,
+                            weights[layer], recurrent[layer])
+                    else:
+                        tape.states[layer], grads[layer], p_grad = cell.reverse_diff(
+                            p, now[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),
+                            weights[layer], recurrent[layer])
                     self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
 
     def _restore(self, layer: int, t: int, tape: Tape) -> torch.Tensor | None:

@@ -53,3 +53,13 @@ def test_linear_differentiates_as_torch_linear_with_the_same_values():
     torch.nn.functional.linear(*refs).backward(grad)
     for got, want in zip(leaves, refs):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_accumulate_adds_the_product():
+    torch.manual_seed(0)
+    out, x, weight = torch.randn(4, 6), torch.randn(4, 5), torch.randn(6, 5)
+    want = out + x @ weight.t()
+    products.accumulate(out, x, weight)
+    torch.testing.assert_close(out, want)
+    products.accumulate(out, x.t().contiguous().t(), weight.t().contiguous().t())  # transposed operands
+    torch.testing.assert_close(out, want + x @ weight.t())
