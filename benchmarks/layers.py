@@ -27,12 +27,13 @@ for the input projection) both ways, ``torch.mm`` (the BLAS torch was built with
 ``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and
 time step in the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20,
 errors kept on the device as on CUDA); the reverse as a decoder's (a loss gradient on every output,
-reversed by chunks: each step is undone, then backpropagated) and as an encoder's (no output
-gradients). Every ATen op but views and ``empty*`` counts, which on CUDA is about one kernel launch
+reversed by chunks: each step but a chunk's first is undone, then backpropagated) and as an encoder's (no
+output gradients). Every ATen op but views and ``empty*`` counts, which on CUDA is about one kernel launch
 each; a Triton update is one custom op, so one launch. The numba backend's compiled calls are not
 dispatched through torch and count 0 (they are CPU loops, no launches). Without a GPU the Triton
 kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is set for this mode on a machine
-without CUDA): slow, but the count is the same.
+without CUDA): slow, but the count is the same. The products are counted as CUDA runs them (torch's, with
+oneDNN switched off on a CPU: ``revnmt.rnn.products``), where a product and its sum are one ``addmm_``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import pstats
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -53,6 +55,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import buffers
 from revnmt.rnn import ReversibleRNN, TensorInput, products
 from revnmt.rnn.ordinary import OrdinaryRNN
+
+# torch.backends.mkldnn.flags() (--count-kernels) also sets oneDNN's TF32 switch, which warns on a CPU-only torch.
+warnings.filterwarnings("ignore", "TF32 acceleration on top of oneDNN")
 
 
 def _device_name(device: torch.device) -> str:
@@ -145,7 +150,8 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
                   steps: int = 20) -> dict:
     """Ops dispatched per time step by a forward and a reverse sweep of one reversible layer: the reverse
     as a decoder's (a gradient on every output, reversed by chunks) and as an encoder's (no output
-    gradients: each step undone and backpropagated at once)."""
+    gradients: each step undone and backpropagated at once). The products are counted as on CUDA
+    (torch's, oneDNN switched off)."""
     torch.manual_seed(0)
     x = torch.randn(steps, batch, hidden, device=device)
     w = torch.randn(steps, batch, hidden, device=device)
@@ -153,14 +159,15 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
     rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_backend=backend,
                         eager_checks=False).to(device)
     inputs = TensorInput(x)
-    rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])  # warm-up
-    with _OpCounter() as forward:
+    with torch.backends.mkldnn.flags(enabled=False):
+        rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])  # warm-up
+        with _OpCounter() as forward:
+            tape = rev.forward_sweep(inputs, mask)
+        with _OpCounter() as reverse:
+            rev.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
         tape = rev.forward_sweep(inputs, mask)
-    with _OpCounter() as reverse:
-        rev.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
-    tape = rev.forward_sweep(inputs, mask)
-    with _OpCounter() as encoder:
-        rev.backward_sweep(tape, inputs, grad_final=[torch.randn(batch, rev.state_size, device=device)])
+        with _OpCounter() as encoder:
+            rev.backward_sweep(tape, inputs, grad_final=[torch.randn(batch, rev.state_size, device=device)])
     return {"cell": "rev" + cell, "backend": backend, "buffer_lanes": rev.lanes_on(device),
             "forward_per_step": forward.count / steps, "reverse_per_step": reverse.count / steps,
             "reverse_encoder_per_step": encoder.count / steps}

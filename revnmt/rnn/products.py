@@ -7,7 +7,7 @@ them on the BLAS torch was built with (MKL), while torch's own CPU LSTM runs on 
 shapes (figures and command: docs/performance.md#products-on-onednn). :func:`linear` is the one place
 that picks: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``, the kernel PyTorch's compiler
 emits for a CPU ``nn.Linear``) where torch has it and the data is on the CPU, ``F.linear`` elsewhere
-(CUDA: cuBLAS).
+(CUDA: cuBLAS), or on a CPU with torch's oneDNN switched off (``torch.backends.mkldnn.flags(enabled=False)``).
 
 Exactness: the reverse recomputes the forward's gates, so a product that feeds a gate must be computed
 by the same call on the same data in both sweeps, which holds as long as both call :func:`linear`.
@@ -51,8 +51,9 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def uses_onednn(device: torch.device) -> bool:
-    """Whether :func:`linear` runs on oneDNN on ``device``."""
-    return _ONEDNN and device.type == "cpu"
+    """Whether :func:`linear` runs on oneDNN on ``device``: on a CPU, unless torch's switch for oneDNN is off
+    (``torch.backends.mkldnn.flags(enabled=False)``; it must stay the same through a batch's two sweeps)."""
+    return _ONEDNN and device.type == "cpu" and torch.backends.mkldnn.enabled
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -63,3 +63,12 @@ def test_accumulate_adds_the_product():
     torch.testing.assert_close(out, want)
     products.accumulate(out, x.t().contiguous().t(), weight.t().contiguous().t())  # transposed operands
     torch.testing.assert_close(out, want + x @ weight.t())
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")  # flags() also sets oneDNN's TF32 switch
+def test_torchs_onednn_switch_turns_it_off():
+    # torch.backends.mkldnn.flags(enabled=False) gives torch's own products, as off the CPU.
+    x, weight = torch.randn(4, 5), torch.randn(6, 5)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not products.uses_onednn(x.device)
+        assert torch.equal(products.linear(x, weight), torch.nn.functional.linear(x, weight))
