@@ -253,7 +253,7 @@ class RevCell(nn.Module):
             collect = RecurrentGrads(self, p.shape[0], 1, p.device)
         slot = None if grads is None else collect.next_step()
         if kernels is not None and weights is None:
-            weights = SweepWeights(self, grads=grads is not None)
+            weights = SweepWeights(self)
         for i in (1, 0):
             if kernels is None:
                 self._reverse_half(i, p, ints, grads, self._group(buf, mask, None), self._restore(i, restore),
@@ -271,9 +271,9 @@ class SweepWeights:
 
     A sweep multiplies by the same weights at every step, so they are copied into the layouts the
     products want once per sweep, not sliced per step: the Linears' input columns and biases
-    concatenated (a projection, :meth:`project`, is one product), each Linear's recurrent columns
+    concatenated (a projection, :meth:`project`, is one product) and each Linear's recurrent columns
     contiguous (``recurrent``, in :meth:`RevCell._linears` order: oneDNN is far slower on a column
-    slice) and, for a backward sweep (``grads``), their transposes (the backward's products). The
+    slice, not on a transpose, which the backward's products use). In a backward sweep (``grads``) the
     gradients of the input columns and biases collect in one weight-sized tensor per sweep: a
     projection's backward is then three products, not four per Linear, and the Linears' ``.grad``
     get the sum once, at :meth:`flush`. Held memory: :meth:`held_bytes`.
@@ -286,18 +286,15 @@ class SweepWeights:
         with torch.no_grad():
             self.weight, self.bias = cell.input_weights()
             self.recurrent = [cell._recurrent_weight(lin).contiguous() for lin in cell._linears()]
-        self.weight_t = self.weight.t().contiguous() if grads else None
-        self.recurrent_t = [w.t().contiguous() for w in self.recurrent] if grads else None
         self.grad_weight = torch.zeros_like(self.weight) if grads else None
         self.grad_bias = torch.zeros_like(self.bias) if grads else None
         self._ones: torch.Tensor | None = None  # the bias gradient is grad^T · ones: one product, no sum + add
 
     @staticmethod
     def held_bytes(cell: RevCell, grads: bool) -> int:
-        """Bytes of the copies (with ``grads``, also the transposes and the input gradients): memory accounting."""
+        """Bytes of the copies (and the input gradients, with ``grads``): memory accounting."""
         width = cell.project_width
-        return ((1 + grads) * width * (cell.input_size + 1) + (1 + grads) * width * cell.half
-                + grads * width * cell.input_size) * 4
+        return ((1 + grads) * width * (cell.input_size + 1) + width * cell.half) * 4
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """``cell.project(x)`` with the sweep's weights: the same values, bit for bit."""
@@ -312,7 +309,7 @@ class SweepWeights:
             self._ones = torch.ones(len(grad2), device=grad2.device)
         products.accumulate(self.grad_weight, grad2.t(), x2.t())
         self.grad_bias.addmv_(grad2.t(), self._ones[: len(grad2)])
-        return products.linear(grad2, self.weight_t).view_as(x)
+        return products.linear(grad2, self.weight.t()).view_as(x)
 
     @torch.no_grad()
     def flush(self) -> None:
@@ -464,9 +461,9 @@ class RevGRUCell(RevCell):
                             prevs[i], None if grads is None else grads[i], grad_z, grad_g)
         ints[i] = prevs[i]
         if grads is not None:
-            kernels.gru_read_grad(products.linear(grad_g, weights.recurrent_t[2 * i + 1]), read, s, grad_r,
+            kernels.gru_read_grad(products.linear(grad_g, weights.recurrent[2 * i + 1].t()), read, s, grad_r,
                                   grads[1 - i])
-            products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent_t[2 * i])
+            products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent[2 * i].t())
             slot[1][2 * i].copy_(read)
             slot[1][2 * i + 1].copy_(rh)
 
@@ -572,7 +569,7 @@ class RevLSTMCell(RevCell):
                              grad_pre)
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
-            products.accumulate(grads[1 - i], grad_pre, weights.recurrent_t[i])
+            products.accumulate(grads[1 - i], grad_pre, weights.recurrent[i].t())
             slot[1][i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:

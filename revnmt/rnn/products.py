@@ -15,7 +15,7 @@ oneDNN's result does not depend on where the data lies in memory (tests/revnmt/r
 but it does on the number of rows (one row takes another kernel) and the thread count: both are the
 same in a batch's two sweeps. Its weight must be contiguous: a column slice of a bigger weight sends
 oneDNN down a path hundreds of times slower, so the sweeps copy the weights once (``SweepWeights``);
-a transposed one is fine.
+a transposed one is as fast.
 """
 
 from __future__ import annotations
