@@ -347,9 +347,9 @@ class RecurrentGrads:
         """The next step's slots: d loss / d projection [B, gate columns] and the recurrent inputs
         [linears, B, half], one per Linear in :meth:`RevCell._linears` order.
 
-        The reverse step's products read fresh tensors and copy them here after: a slot lies inside the chunk
-        tensor, not aligned as a fresh allocation is, and a CPU BLAS may round a product of misaligned
-        data differently. The gates decoded from it would then not be the forward's, and the reverse would
+        The reverse step's products read fresh tensors, copied here after (by the fused kernels, as they
+        go): a slot lies inside the chunk tensor, not aligned as a fresh allocation is, and a CPU BLAS may
+        round a product of misaligned data differently. The gates decoded from it would then not be the forward's, and the reverse would
         fail (a budget probe with an odd batch size did)."""
         return self.grad_pre[self.count], self.inputs[:, self.count]
 
@@ -462,10 +462,8 @@ class RevGRUCell(RevCell):
         ints[i] = prevs[i]
         if grads is not None:
             kernels.gru_read_grad(products.linear(grad_g, weights.recurrent[2 * i + 1].t()), read, s, grad_r,
-                                  grads[1 - i])
+                                  grads[1 - i], slot[1][2 * i: 2 * i + 2])
             products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent[2 * i].t())
-            slot[1][2 * i].copy_(read)
-            slot[1][2 * i + 1].copy_(rh)
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -566,11 +564,10 @@ class RevLSTMCell(RevCell):
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
         kernels.lstm_reverse(buf, ints[h], ints[c], products.linear(read, weights.recurrent[i]), proj,
                              self._half_start(i), mask, self.max_forget_bits, restore, (prevs[h], prevs[c]), grad,
-                             grad_pre)
+                             grad_pre, read, None if slot is None else slot[1][i])
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
             products.accumulate(grads[1 - i], grad_pre, weights.recurrent[i].t())
-            slot[1][i].copy_(read)
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

@@ -67,9 +67,10 @@ class StepKernels(ABC):
 
     @abstractmethod
     def gru_read_grad(self, grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
-                      grad_read: torch.Tensor) -> None:
+                      grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
         """From d loss / d (r·h_j): write d loss / d pre-activation of r into ``grad_r`` and add the
-        direct part r·grad_rh into ``grad_read`` (d loss / d h_j)."""
+        direct part r·grad_rh into ``grad_read`` (d loss / d h_j); copy the half's recurrent inputs, h_j
+        (``read``) and r·h_j, into ``inputs`` [2, B, H] (the step's weight-gradient slots)."""
 
     @abstractmethod
     def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
@@ -82,9 +83,11 @@ class StepKernels(ABC):
                      p: torch.Tensor, col: int, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
                      prev: tuple[torch.Tensor, torch.Tensor],
                      grad: tuple[torch.Tensor, torch.Tensor] | None,
-                     grad_pre: torch.Tensor | None) -> None:
+                     grad_pre: torch.Tensor | None, read: torch.Tensor | None = None,
+                     inputs: torch.Tensor | None = None) -> None:
         """Undo :meth:`lstm_push` (h popped, then c) into ``prev`` = (h, c); with ``grad`` (d loss / d
-        new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre``."""
+        new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre`` and copy the half's
+        recurrent input h_j (``read``) into ``inputs`` (its weight-gradient slot)."""
 
 
 def record_pushes(words: WordStack, groups: list[tuple[list[int], float | torch.Tensor]]) -> None:

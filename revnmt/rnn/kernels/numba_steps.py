@@ -223,14 +223,17 @@ def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np
 
 @njit(**_JIT)
 def gru_read_grad(grad_rh: np.ndarray, read: np.ndarray, s: np.ndarray, grad_r: np.ndarray,
-                  grad_read: np.ndarray) -> None:
-    """d loss / d r's pre-activation, and r·grad_rh added to d loss / d h_j."""
+                  grad_read: np.ndarray, inputs: np.ndarray) -> None:
+    """d loss / d r's pre-activation, r·grad_rh added to d loss / d h_j, and h_j and r·h_j (as
+    :func:`gru_gates` computes it) copied into the weight-gradient slots ``inputs`` [2, B, H]."""
     rows, half = read.shape
     for b in range(rows):
         for j in range(half):
-            r = s[b, half + j]
-            grad_r[b, j] = grad_rh[b, j] * read[b, j] * r * (_ONE - r)
+            r, x = s[b, half + j], read[b, j]
+            grad_r[b, j] = grad_rh[b, j] * x * r * (_ONE - r)
             grad_read[b, j] += grad_rh[b, j] * r
+            inputs[0, b, j] = x
+            inputs[1, b, j] = r * x
 
 
 # ---------------------------------------------------------------------------- RevLSTM
@@ -272,9 +275,10 @@ def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, c
                  slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
                  stack: np.ndarray, top: np.ndarray, flags: np.ndarray, flag_c: int, flag_h: int,
                  prev_h: np.ndarray, prev_c: np.ndarray, diff: bool, grad_h: np.ndarray, grad_c: np.ndarray,
-                 grad_pre: np.ndarray) -> int:
+                 grad_pre: np.ndarray, read: np.ndarray, inputs: np.ndarray) -> int:
     """Recompute :func:`lstm_push`'s gates; with ``pop``, pop h then c into ``prev_h``, ``prev_c``; with
-    ``diff``, backpropagate (``grad_h``, ``grad_c`` in place, gate gradients into ``grad_pre``)."""
+    ``diff``, backpropagate (``grad_h``, ``grad_c`` in place, gate gradients into ``grad_pre``) and copy
+    ``read`` (h_j) into its weight-gradient slot ``inputs``."""
     rows, half = h.shape
     acts = np.empty((rows, 5 * half), np.float32)
     _lstm_gates(pre, p, col, acts)
@@ -311,6 +315,7 @@ def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, c
                 grad_pre[b, 2 * half + j] = grad_uc * g * ig * (_ONE - ig)
                 grad_pre[b, 3 * half + j] = grad_uh * tc * o * (_ONE - o)
                 grad_pre[b, 4 * half + j] = grad_uh * _to_float(prev_h[b, j]) * slope * sp * (_ONE - sp)
+                inputs[b, j] = read[b, j]
     return status
 
 
@@ -386,8 +391,8 @@ class NumbaSteps(StepKernels):
         if pop:
             _record_pops(words, status, groups)
 
-    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
-        gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy())
+    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read, inputs):
+        gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy(), inputs.numpy())
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words
@@ -401,7 +406,8 @@ class NumbaSteps(StepKernels):
         _record_push(words, status, [(widths_c, lost_c), (widths_h, lost_h)])
         return new_float
 
-    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
+                     inputs=None):
         pop, diff = buf is not None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
@@ -410,7 +416,8 @@ class NumbaSteps(StepKernels):
             first, arrays = check_pops(words, groups), word_arrays(words)
         else:
             groups, first, arrays = [[]], 0, _no_words()
-        grads = (grad[0].numpy(), grad[1].numpy(), grad_pre.numpy()) if diff else (_NO_FLOATS,) * 3
+        grads = ((grad[0].numpy(), grad[1].numpy(), grad_pre.numpy(), read.numpy(), inputs.numpy()) if diff
+                 else (_NO_FLOATS,) * 5)
         status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), *_limit(max_bits), pop,
                               _restore_array(restore, h.shape[0]), *arrays, first, first + len(groups[0]),
                               prev[0].numpy(), prev[1].numpy(), diff, *grads)

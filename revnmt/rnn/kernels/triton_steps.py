@@ -330,15 +330,19 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
 
 @triton.jit
 def _gru_read_grad_kernel(grad_rh_ptr, grad_rh_rs, read_ptr, read_rs, s_ptr, grad_r_ptr, grad_r_rs, grad_read_ptr,
-                          grad_read_rs, batch, half, BLOCK: tl.constexpr):
-    """d loss / d r's pre-activation, and r·grad_rh added to d loss / d h_j."""
+                          grad_read_rs, inputs_ptr, inputs_rs, inputs_ps, batch, half, BLOCK: tl.constexpr):
+    """d loss / d r's pre-activation, r·grad_rh added to d loss / d h_j, and h_j and r·h_j (as
+    :func:`_gru_gates_kernel` computes it) copied into the weight-gradient slots ``inputs`` (two planes,
+    ``inputs_ps`` apart)."""
     ok, b, j = _elements(tl.program_id(0) * BLOCK, batch, half, BLOCK)
     grad_rh = tl.load(grad_rh_ptr + b * grad_rh_rs + j, mask=ok)
     r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok)
-    tl.store(grad_r_ptr + b * grad_r_rs + j, grad_rh * tl.load(read_ptr + b * read_rs + j, mask=ok) * r * (1.0 - r),
-             mask=ok)
+    read = tl.load(read_ptr + b * read_rs + j, mask=ok)
+    tl.store(grad_r_ptr + b * grad_r_rs + j, grad_rh * read * r * (1.0 - r), mask=ok)
     grad_read = grad_read_ptr + b * grad_read_rs + j
     tl.store(grad_read, tl.load(grad_read, mask=ok) + grad_rh * r, mask=ok)
+    tl.store(inputs_ptr + b * inputs_rs + j, read, mask=ok)
+    tl.store(inputs_ptr + inputs_ps + b * inputs_rs + j, r * read, mask=ok)
 
 
 # ---------------------------------------------------------------------------- RevLSTM
@@ -369,11 +373,13 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_
 @triton.jit
 def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, restore_ptr,
                          restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, grad_h_ptr, grad_h_rs, grad_c_ptr,
-                         grad_c_rs, grad_pre_ptr, grad_pre_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                         grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs, inputs_ptr, inputs_rs,
+                         curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                          batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
                          POP: tl.constexpr, DIFF: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
-    backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``."""
+    backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``,
+    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``."""
     if POP:
         cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
         cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, restore_ptr, restore_rs,
@@ -408,6 +414,7 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, pr
             tl.store(row + 2 * half, grad_uc * g * ig * (1.0 - ig), mask=ok)
             tl.store(row + 3 * half, grad_uh * tc * o * (1.0 - o), mask=ok)
             tl.store(row + 4 * half, grad_uh * prev_h * slope * sp * (1.0 - sp), mask=ok)
+            tl.store(inputs_ptr + b * inputs_rs + j, tl.load(read_ptr + b * read_rs + j, mask=ok), mask=ok)
 
 
 # ---------------------------------------------------------------------------- the ops (one launch each)
@@ -457,13 +464,13 @@ def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: 
                               min_numerator, slope, POP=pop, DIFF=diff, **launch_options(curr.numel()))
 
 
-@torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_r", "grad_read"))
+@torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_r", "grad_read", "inputs"))
 def _gru_read_grad_op(grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
-                      grad_read: torch.Tensor) -> None:
+                      grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
     batch, half = read.shape
     _gru_read_grad_kernel[(triton.cdiv(batch * half, _BLOCK),)](*_rows(grad_rh), *_rows(read), s, *_rows(grad_r),
-                                                                *_rows(grad_read), batch, half, BLOCK=_BLOCK,
-                                                                **COMPILE_OPTIONS)
+                                                                *_rows(grad_read), *_rows(inputs[0]), inputs.stride(0),
+                                                                batch, half, BLOCK=_BLOCK, **COMPILE_OPTIONS)
 
 
 @torch.library.custom_op("revnmt_rnn::triton_lstm_push",
@@ -483,19 +490,22 @@ def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: tor
 
 
 @torch.library.custom_op("revnmt_rnn::triton_lstm_reverse",
-                         mutates_args=("prev_h", "prev_c", "grad_h", "grad_c", "grad_pre", "curr", "stack", "top",
-                                       "flags", "status"))
+                         mutates_args=("prev_h", "prev_c", "grad_h", "grad_c", "grad_pre", "inputs", "curr", "stack",
+                                       "top", "flags", "status"))
 def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
                      restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
                      grad_h: torch.Tensor | None, grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None,
+                     read: torch.Tensor | None, inputs: torch.Tensor | None,
                      curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor,
                      status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int, slope: float,
                      pop: bool) -> None:
     restore = _or_no_columns(restore, h)
     diff = grad_h is not None
-    grad_h, grad_c, grad_pre = (grad_h, grad_c, grad_pre) if diff else (pre,) * 3  # untouched without DIFF
+    # Untouched without DIFF:
+    grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
     _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, *_rows(restore), *_rows(prev_h),
-                               *_rows(prev_c), *_rows(grad_h), *_rows(grad_c), *_rows(grad_pre), curr, stack, top,
+                               *_rows(prev_c), *_rows(grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
+                               *_rows(inputs), curr, stack, top,
                                flags, status, h.shape[0], h.shape[1], restore.shape[1], curr.shape[0], curr.shape[1],
                                flag_c, flag_h, min_numerator, slope, POP=pop, DIFF=diff,
                                **launch_options(curr.numel()))
@@ -568,8 +578,8 @@ class TritonSteps(StepKernels):
         if pop:
             record_pops(words, groups)
 
-    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read):
-        _gru_read_grad_op(grad_rh, read, s, grad_r, grad_read)
+    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read, inputs):
+        _gru_read_grad_op(grad_rh, read, s, grad_r, grad_read, inputs)
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words
@@ -583,7 +593,8 @@ class TritonSteps(StepKernels):
         record_pushes(words, [(widths_c, lost[0]), (widths_h, lost[1])])
         return new_float
 
-    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre):
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
+                     inputs=None):
         pop = buf is not None
         if pop:
             words = buf.words
@@ -593,7 +604,8 @@ class TritonSteps(StepKernels):
         else:
             groups, first, tensors = [[]], 0, _no_words(h.device)
         grad_h, grad_c = (None, None) if grad is None else grad
-        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, grad_h, grad_c, grad_pre, *tensors,
+        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, grad_h, grad_c, grad_pre, read, inputs,
+                         *tensors,
                          first, first + len(groups[0]), *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)

@@ -141,6 +141,22 @@ def test_gru_kernels_make_the_torch_references_integers():
     assert ours.is_empty() and ref.is_empty()
 
 
+@pytest.mark.parametrize("backend", ["numba", "triton"])
+def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(backend):
+    torch.manual_seed(2)
+    device = DEVICE if backend == "triton" else torch.device("cpu")
+    grad_rh, read, s = (torch.randn(B, k * H, device=device) for k in (1, 1, 2))
+    s = torch.sigmoid(s)
+    grad_read, grad_r = torch.randn(B, H, device=device), torch.empty(B, H, device=device)
+    inputs = torch.empty(4, B, H, device=device)[1:3]  # the half's two slots of a step: h_j and r·h_j
+    want_read = grad_read + grad_rh * s[:, H:]
+    step_kernels(backend).gru_read_grad(grad_rh, read, s, grad_r, grad_read, inputs)
+    r = s[:, H:]
+    torch.testing.assert_close(grad_r, grad_rh * read * r * (1 - r))
+    torch.testing.assert_close(grad_read, want_read)
+    assert torch.equal(inputs[0], read) and torch.equal(inputs[1], r * read)  # r·h_j as the gates kernel makes it
+
+
 def test_lstm_kernels_make_the_torch_references_integers():
     torch.manual_seed(1)
     ours, ref = _buffers()
@@ -179,12 +195,16 @@ def test_lstm_kernels_make_the_torch_references_integers():
         grad = torch.randn(B, H, device=DEVICE), torch.randn(B, H, device=DEVICE)
         got_grad, grad_pre = tuple(g.clone() for g in grad), torch.empty(B, 5 * H, device=DEVICE)
         prev = torch.empty_like(h), torch.empty_like(c)
-        TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, got_grad, grad_pre)
+        read, slot = torch.randn(B, H, device=DEVICE), torch.empty(B, H, device=DEVICE)
+        TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, got_grad, grad_pre, read,
+                                  slot)
+        assert torch.equal(slot, read)  # the weight gradient's input, copied by the kernel
         assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
         assert torch.equal(prev[0], states[t][0]) and torch.equal(prev[1], states[t][1])
         _assert_same_words(ours, ref)
         again, again_pre = tuple(g.clone() for g in grad), torch.empty_like(grad_pre)
-        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, again, again_pre)
+        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, again, again_pre, read,
+                                  torch.empty_like(slot))
         assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
         h, c = prev
     assert ours.is_empty() and ref.is_empty()
