@@ -349,8 +349,8 @@ class RecurrentGrads:
 
         The reverse step's products read fresh tensors, copied here after (by the fused kernels, as they
         go): a slot lies inside the chunk tensor, not aligned as a fresh allocation is, and a CPU BLAS may
-        round a product of misaligned data differently. The gates decoded from it would then not be the forward's, and the reverse would
-        fail (a budget probe with an odd batch size did)."""
+        round a product of misaligned data differently. The gates decoded from it would then not be the
+        forward's, and the reverse would fail (a budget probe with an odd batch size did)."""
         return self.grad_pre[self.count], self.inputs[:, self.count]
 
     def step_done(self) -> None:
