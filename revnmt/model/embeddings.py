@@ -9,10 +9,10 @@ from torch import nn
 class EmbeddedTokens:
     """A :class:`revnmt.rnn.SequenceInput` over time-major token ids [T, B].
 
-    ``at(t)`` looks the embeddings up again (with the batch's locked dropout mask) instead of
-    keeping a [T, B, E] tensor, which would cost as much as the hidden states reversal saves.
-    ``backward`` adds the step's gradient into the embedding rows it used (index_add: O(B·E) per
-    step, where autograd through nn.Embedding would write a dense [V, E] gradient every step).
+    ``steps(start, stop)`` looks a chunk of steps' embeddings up again (with the batch's locked dropout
+    mask) instead of keeping a [T, B, E] tensor, which would cost as much as the hidden states reversal
+    saves. ``backward`` adds the chunk's gradient into the embedding rows it used (index_add: O(B·E) per
+    step, where autograd through nn.Embedding would write a dense [V, E] gradient every time).
     """
 
     def __init__(self, embedding: nn.Embedding, ids: torch.Tensor, dropout: torch.Tensor | None) -> None:
@@ -21,16 +21,16 @@ class EmbeddedTokens:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
-    def at(self, t: int) -> torch.Tensor:
-        x = self.embedding.weight.detach()[self.ids[t]]
-        return x if self.dropout is None else x * self.dropout
+    def steps(self, start: int, stop: int) -> torch.Tensor:
+        x = self.embedding.weight.detach()[self.ids[start:stop]]
+        return x if self.dropout is None else x * self.dropout  # the mask [B, E] is locked over the steps
 
-    def backward(self, t: int, grad: torch.Tensor) -> None:
+    def backward(self, start: int, grad: torch.Tensor) -> None:
         weight = self.embedding.weight
         if self.dropout is not None:
             grad = grad * self.dropout
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        weight.grad.index_add_(0, self.ids[t], grad)
+        weight.grad.index_add_(0, self.ids[start: start + len(grad)].reshape(-1), grad.reshape(-1, grad.shape[-1]))
         if self.embedding.padding_idx is not None:
             weight.grad[self.embedding.padding_idx] = 0  # as nn.Embedding: the PAD row never learns

@@ -12,8 +12,8 @@ A training step keeps no per-step activations of either RNN:
 4. the memory's gradient flows once into the embeddings and the stored slices, and the encoder is
    reversed with the gradient of its final state and of its slices.
 
-The embeddings are looked up again at every step of every sweep (:class:`EmbeddedTokens`) rather
-than kept. :meth:`ReversibleSeq2Seq.train_step_autograd` backpropagates through the same
+The embeddings are looked up again, a chunk of steps at a time, in every sweep (:class:`EmbeddedTokens`)
+rather than kept. :meth:`ReversibleSeq2Seq.train_step_autograd` backpropagates through the same
 fixed-point, buffered model with every graph kept: the reference reversal's gradients are tested
 against. How one stack of layers is reversed is in :mod:`revnmt.rnn.reversible`.
 """

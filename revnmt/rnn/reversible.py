@@ -83,15 +83,16 @@ class ReversalError(RuntimeError):
 
 class SequenceInput(Protocol):
     """Per-step layer inputs that can be recomputed during the backward sweep (e.g. embeddings
-    from token ids), so that the inputs need not be stored either."""
+    from token ids), so that the inputs need not be stored either. The sweeps read them, and pass
+    their gradients back, a chunk of steps at a time (:class:`InputProjection`)."""
 
     def __len__(self) -> int: ...
 
-    def at(self, t: int) -> torch.Tensor:
-        """The input [B, input_size] at step t (no graph)."""
+    def steps(self, start: int, stop: int) -> torch.Tensor:
+        """The inputs [stop − start, B, input_size] at steps start … stop − 1 (no graph)."""
 
-    def backward(self, t: int, grad: torch.Tensor) -> None:
-        """Receive the gradient of the loss with respect to the input at step t."""
+    def backward(self, start: int, grad: torch.Tensor) -> None:
+        """Receive the gradient of the loss with respect to the inputs at steps start … start + len(grad) − 1."""
 
 
 class TensorInput:
@@ -103,13 +104,13 @@ class TensorInput:
     def __len__(self) -> int:
         return self.x.shape[0]
 
-    def at(self, t: int) -> torch.Tensor:
-        return self.x[t].detach()
+    def steps(self, start: int, stop: int) -> torch.Tensor:
+        return self.x[start:stop].detach()
 
-    def backward(self, t: int, grad: torch.Tensor) -> None:
+    def backward(self, start: int, grad: torch.Tensor) -> None:
         if self.grad is None:
             self.grad = torch.zeros_like(self.x)
-        self.grad[t].add_(grad)
+        self.grad[start: start + len(grad)].add_(grad)
 
 
 def project_steps(cell: RevCell, x: torch.Tensor, steps: int) -> torch.Tensor:
@@ -144,7 +145,7 @@ class InputProjection:
         return steps * batch * cell.project_width * 4
 
     def _inputs(self) -> torch.Tensor:
-        return torch.stack([self.inputs.at(s) for s in range(self._start, self._stop)])
+        return self.inputs.steps(self._start, self._stop)
 
     @torch.no_grad()
     def at(self, t: int) -> torch.Tensor:
@@ -161,9 +162,7 @@ class InputProjection:
         when its first step is reached."""
         self._values[t - self._start] = grad
         if t == self._start:
-            grad_x = self.weights.backward(self._inputs(), self._values)
-            for s in range(self._start, self._stop):
-                self.inputs.backward(s, grad_x[s - self._start])
+            self.inputs.backward(self._start, self.weights.backward(self._inputs(), self._values))
             self._values = None
             self._stop = self._start  # released: a later at() computes afresh
 
