@@ -70,10 +70,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _onednn_linear(x, weight, bias)
 
 
-@torch.no_grad()
 def accumulate(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """out += x · weightᵀ, as :func:`linear` computes the product (the backward's gradient sums). Off oneDNN it is
-    one ``addmm_``: on CUDA one launch, not a product and an add."""
+    """out += x · weightᵀ, as :func:`linear` computes the product: the hand-written backward's gradient sums,
+    called under ``no_grad`` (a per-step call: no context of its own). Off oneDNN it is one ``addmm_``: on
+    CUDA one launch, not a product and an add."""
     if uses_onednn(x.device):
         out.add_(linear(x, weight))
     else:

@@ -458,8 +458,8 @@ class ReversibleRNN(nn.Module):
                 if g_out is not None:
                     grads[-1][:, : self.hidden_size].add_(g_out[t - start])
                 self._add_slice_grad(grads, slice_grad, t)
+                now = after[t - start]
                 for layer in reversed(range(self.num_layers)):
-                    now = after[t - start]
                     p, x = self._projection(layer, t, projection, weights, now[layer - 1], tape.dropout)
                     cell = self.cells[layer]
                     if t > start:
@@ -531,6 +531,7 @@ class ReversibleRNN(nn.Module):
         buf = self.new_buffer(batch, device)
         outputs, slices = [], []
         projected = project_steps(self.cells[0], x, self.chunk_steps)  # as the sweeps compute them
+        weights = [SweepWeights(cell) for cell in self.cells]  # once, as a sweep copies them, not per step
         for t in range(steps):
             for layer, cell in enumerate(self.cells):
                 if layer == 0:
@@ -538,7 +539,8 @@ class ReversibleRNN(nn.Module):
                 else:
                     p = cell.project(self._drop(layer, floats[layer - 1][:, : self.hidden_size], dropout))
                 with torch.no_grad():
-                    ints[layer] = cell.forward_int(p.detach(), ints[layer], buf, mask[t], None, self._stored(layer))
+                    ints[layer] = cell.forward_int(p.detach(), ints[layer], buf, mask[t], None, self._stored(layer),
+                                                   weights[layer])
                 floats[layer] = cell.forward_diff(p, floats[layer], ints[layer], mask[t])
             outputs.append(floats[-1][:, : self.hidden_size])
             slices.append(floats[-1][:, : self.slice_dim])
