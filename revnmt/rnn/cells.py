@@ -51,6 +51,12 @@ from buffers import (
 from . import products
 from .kernels import StepKernels, step_kernels
 
+#: The gate values a fused reverse half computed before its kernel, by half: RevGRU's σ of [z | r] and g's
+#: product, RevLSTM's gates' product (``project_width`` floats per row for both halves). ``reverse_int`` fills
+#: it and ``backward_step`` of the same step takes it: the same values, so the same bits, without the
+#: products again. The torch reference recomputes and ignores it.
+HalfGates = dict[int, tuple[torch.Tensor, ...]]
+
 
 def _grad_of(param: nn.Parameter) -> torch.Tensor:
     """``param.grad``, created as zeros on first use: the backward sweep accumulates into it by hand."""
@@ -208,8 +214,9 @@ class RevCell(nn.Module):
                      collect: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
-        ``grad`` is d loss / d ``state`` (real values). Returns the exact previous int state,
-        d loss / d previous state and d loss / d ``p``; recurrent weight gradients accumulate in
+        ``grad`` is d loss / d ``state`` (real values), updated in place into d loss / d previous state (a
+        copy per step would be one more launch on a GPU). Returns the exact previous int state,
+        d loss / d previous state (``grad``) and d loss / d ``p``; recurrent weight gradients accumulate in
         ``.grad`` (through ``collect``, a chunk of steps per product, else at once; d loss / d ``p`` is
         then a view into the chunk, overwritten a chunk of steps later). ``weights``: the sweep's
         (:class:`SweepWeights`), those of the forward sweep's :meth:`forward_int`. The gates that
@@ -223,44 +230,50 @@ class RevCell(nn.Module):
 
     @torch.no_grad()
     def reverse_int(self, p: torch.Tensor, state: torch.Tensor, buf: InformationBuffer, mask: torch.Tensor,
-                    restore: torch.Tensor | None = None, weights: SweepWeights | None = None) -> torch.Tensor:
-        """Undo the step that produced ``state``: pop the buffer to the exact previous int state, no gradients."""
-        return self._reverse(p, state, buf, mask, restore, None, None, weights, None, buf.backend.name)[0]
+                    restore: torch.Tensor | None = None, weights: SweepWeights | None = None,
+                    gates: HalfGates | None = None) -> torch.Tensor:
+        """Undo the step that produced ``state``: pop the buffer to the exact previous int state, no gradients.
+        ``gates``: filled with the fused kernels' gate values, for :meth:`backward_step` of the same step."""
+        return self._reverse(p, state, buf, mask, restore, None, None, weights, None, buf.backend.name, gates)[0]
 
     @torch.no_grad()
     def backward_step(self, p: torch.Tensor, prev: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
                       mask: torch.Tensor, backend: str = "torch", weights: SweepWeights | None = None,
-                      collect: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      collect: RecurrentGrads | None = None, gates: HalfGates | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Backpropagate the step ``prev`` → ``state`` (both exact int states; no buffer): returns
-        d loss / d ``prev`` and d loss / d ``p`` from ``grad`` = d loss / d ``state``, recurrent weight
-        gradients accumulating as in :meth:`reverse_diff`. ``backend`` (a resolved buffer backend name,
-        ``buf.backend.name``) picks the gate code, so that the gradients are those of :meth:`reverse_diff`."""
-        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, collect, backend)
+        d loss / d ``prev`` (``grad``, updated in place as in :meth:`reverse_diff`) and d loss / d ``p`` from
+        ``grad`` = d loss / d ``state``, recurrent weight gradients accumulating as in :meth:`reverse_diff`.
+        ``backend`` (a resolved buffer backend name, ``buf.backend.name``) picks the gate code, so that the
+        gradients are those of :meth:`reverse_diff`; ``gates``, those :meth:`reverse_int` kept of this step,
+        spare recomputing them."""
+        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, collect, backend, gates)
         return grad_prev, grad_p
 
-    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, collect, backend):
+    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, collect, backend, gates=None):
         """The reverse step: pop from ``buf`` (``prev`` None) or take ``prev``, and backpropagate (``grad`` given).
 
         The halves are popped into the views of one new state and their gradients updated in place in
-        views of one copy of ``grad`` (on a GPU every concatenation would be a launch)."""
+        views of ``grad`` (on a GPU every concatenation would be a launch). With fused kernels, the first
+        half's kernel also writes the float copy of its previous h, which the second half reads."""
         kernels = step_kernels(backend)
         ints = self._split(state)
         popped = torch.empty_like(state) if prev is None else None
         prevs = self._split(prev if popped is None else popped)
-        grad = None if grad is None else grad.clone()
         grads = None if grad is None else self._split(grad)
         if grads is not None and collect is None:
             collect = RecurrentGrads(self, p.shape[0], 1, p.device)
         slot = None if grads is None else collect.next_step()
         if kernels is not None and weights is None:
             weights = SweepWeights(self)
+        read = None
         for i in (1, 0):
             if kernels is None:
                 self._reverse_half(i, p, ints, grads, self._group(buf, mask, None), self._restore(i, restore),
                                    prevs, slot)
             else:
-                self._reverse_half_fused(kernels, weights, i, p, ints, grads, buf, mask, self._restore(i, restore),
-                                         prevs, slot)
+                read = self._reverse_half_fused(kernels, weights, i, p, ints, grads, buf, mask,
+                                                self._restore(i, restore), prevs, slot, read, gates)
         if grads is not None:
             collect.step_done()
         return popped, grad, None if slot is None else slot[0]
@@ -448,22 +461,31 @@ class RevGRUCell(RevCell):
         grads[1 - i].add_(torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))).add_(grad_rh * r)
 
     def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, p, ints, grads, buf, mask,
-                            restore, prevs, slot):
-        """:meth:`_reverse_half` by fused kernels."""
-        read = to_float(ints[1 - i])
-        rh = torch.empty_like(read)
+                            restore, prevs, slot, read, gates):
+        """:meth:`_reverse_half` by fused kernels, from ``read`` (the float h_j, or None to convert it); the
+        gates come from ``gates`` where it has them (and go there where it lacks them). Returns the float
+        copy of the previous h_i for half 1, which half 0 reads."""
+        read = to_float(ints[1 - i]) if read is None else read
         col = self._half_start(i)
-        s = kernels.gru_gates(products.linear(read, weights.recurrent[2 * i]), p, col, read, rh)
-        pre_g = products.linear(rh, weights.recurrent[2 * i + 1])
+        if gates is not None and i in gates:
+            s, pre_g = gates[i]
+        else:
+            rh = torch.empty_like(read)
+            s = kernels.gru_gates(products.linear(read, weights.recurrent[2 * i]), p, col, read, rh)
+            pre_g = products.linear(rh, weights.recurrent[2 * i + 1])
+            if gates is not None:
+                gates[i] = s, pre_g
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
         grad_z, grad_r, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
+        prev_float = torch.empty_like(read) if i == 1 else None
         kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits, restore,
-                            prevs[i], None if grads is None else grads[i], grad_z, grad_g)
+                            prevs[i], None if grads is None else grads[i], grad_z, grad_g, prev_float)
         ints[i] = prevs[i]
         if grads is not None:
             kernels.gru_read_grad(products.linear(grad_g, weights.recurrent[2 * i + 1].t()), read, s, grad_r,
                                   grads[1 - i], slot[1][2 * i: 2 * i + 2])
             products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent[2 * i].t())
+        return prev_float
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:
         h = list(prev_f.split(self.half, 1))
@@ -556,18 +578,27 @@ class RevLSTMCell(RevCell):
         grads[1 - i].add_(torch.mm(grad_pre, self._recurrent_weight(self.gates[i])))
 
     def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, proj, ints, grads, buf, mask,
-                            restore, prevs, slot):
-        """:meth:`_reverse_half` by one product and one fused kernel."""
+                            restore, prevs, slot, read, gates):
+        """:meth:`_reverse_half` by one product and one fused kernel (see RevGRUCell; the gates kept are the
+        product)."""
         h, c = i, 2 + i
-        read = to_float(ints[1 - i])
+        read = to_float(ints[1 - i]) if read is None else read
+        if gates is not None and i in gates:
+            (pre,) = gates[i]
+        else:
+            pre = products.linear(read, weights.recurrent[i])
+            if gates is not None:
+                gates[i] = (pre,)
         grad = None if grads is None else (grads[h], grads[c])
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
-        kernels.lstm_reverse(buf, ints[h], ints[c], products.linear(read, weights.recurrent[i]), proj,
-                             self._half_start(i), mask, self.max_forget_bits, restore, (prevs[h], prevs[c]), grad,
-                             grad_pre, read, None if slot is None else slot[1][i])
+        prev_float = torch.empty_like(read) if i == 1 else None
+        kernels.lstm_reverse(buf, ints[h], ints[c], pre, proj, self._half_start(i), mask, self.max_forget_bits, restore,
+                             (prevs[h], prevs[c]), grad, grad_pre, read, None if slot is None else slot[1][i],
+                             prev_float)
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
             products.accumulate(grads[1 - i], grad_pre, weights.recurrent[i].t())
+        return prev_float
 
     def forward_diff(self, proj, prev_f, new_state, mask) -> torch.Tensor:
         h1, h2, c1, c2 = prev_f.split(self.half, 1)

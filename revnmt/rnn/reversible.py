@@ -35,7 +35,8 @@ from torch import nn
 
 from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, backends, to_float
 
-from .cells import REV_CELLS, RecurrentGrads, RevCell, SweepWeights
+from .cells import REV_CELLS, HalfGates, RecurrentGrads, RevCell, SweepWeights
+from .kernels import step_kernels
 
 #: Steps per chunk when a stack is given none (``chunk_steps``): layer 0's input projections are computed this many
 #: steps per matrix product (see InputProjection). Longer chunks are faster, but a chunk is held memory, steps x batch
@@ -252,14 +253,16 @@ class ReversibleRNN(nn.Module):
         one chunk of layer 0's input projections, every layer's copied weights (SweepWeights) and their
         gradients, every layer's chunk of recurrent weight gradients and one reverse step's temporaries;
         with ``outputs`` (a backward sweep taking output gradients), also a chunk's states of every
-        layer and its top-layer outputs."""
+        layer, their gates where fused kernels keep them (``HalfGates``) and its top-layer outputs."""
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
                 + sum(SweepWeights.held_bytes(cell, grads=True) for cell in self.cells)
                 + sum(RecurrentGrads.held_bytes(cell, batch, self.weight_grad_steps(device)) for cell in self.cells)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
         if outputs:  # the states after each step of a chunk but its first (that is the sweep's own), every output
-            states = (self.chunk_steps - 1) * self.num_layers * self.state_size
-            held += batch * (states + self.chunk_steps * self.hidden_size) * 4
+            per_step = self.num_layers * self.state_size
+            if step_kernels(backends.resolve(self.buffer_backend, device)) is not None:
+                per_step += sum(cell.project_width for cell in self.cells)
+            held += batch * ((self.chunk_steps - 1) * per_step + self.chunk_steps * self.hidden_size) * 4
         return held
 
     def initial_state(self, batch: int, device: torch.device) -> list[torch.Tensor]:
@@ -439,16 +442,21 @@ class ReversibleRNN(nn.Module):
         backend = tape.buffer.backend.name  # the gates of backward_step must be those reverse_int decoded with
         for start in reversed(range(0, steps, self.chunk_steps)):
             chunk = range(start, min(start + self.chunk_steps, steps))
-            # 1. Undo the chunk's steps but its first, holding every layer's state after each step: after[t - start].
-            after = []
+            # 1. Undo the chunk's steps but its first, holding every layer's state after each step, after[t - start],
+            # and the gates that undid it, gates[t - start] (fused kernels keep them for the backward step).
+            after: list[list[torch.Tensor]] = []
+            gates: list[list[HalfGates]] = []
             for t in reversed(chunk[1:]):
                 after.append(list(tape.states))
+                gates.append([{} for _ in self.cells])
                 for layer in reversed(range(self.num_layers)):
                     p, _ = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer] = self.cells[layer].reverse_int(
-                        p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape), weights[layer])
+                        p, tape.states[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape), weights[layer],
+                        gates[-1][layer])
             after.append(list(tape.states))
             after.reverse()
+            gates.reverse()  # gates[t - start - 1]: step t's
             # 2. The gradients of the chunk's outputs, in one call.
             outs = self.cells[-1].output(torch.stack([state[-1] for state in after]))
             g_out = output_grads(slice(chunk.start, chunk.stop), outs)
@@ -465,7 +473,7 @@ class ReversibleRNN(nn.Module):
                     if t > start:
                         grads[layer], p_grad = cell.backward_step(
                             p, after[t - start - 1][layer], now[layer], grads[layer], tape.mask[t], backend,
-                            weights[layer], recurrent[layer])
+                            weights[layer], recurrent[layer], gates[t - start - 1][layer])
                     else:
                         tape.states[layer], grads[layer], p_grad = cell.reverse_diff(
                             p, now[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),

@@ -376,7 +376,8 @@ class NumbaSteps(StepKernels):
         _record_push(words, status, [(widths, lost)])
         return new_float
 
-    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
+                    prev_float=None):
         pop, diff = buf is not None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
@@ -390,6 +391,8 @@ class NumbaSteps(StepKernels):
                              _restore_array(restore, h.shape[0]), *arrays, first, prev.numpy(), diff, *grads)
         if pop:
             _record_pops(words, status, groups)
+        if prev_float is not None:
+            _write_float(prev.numpy(), prev_float.numpy())
 
     def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read, inputs):
         gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy(), inputs.numpy())
@@ -407,7 +410,7 @@ class NumbaSteps(StepKernels):
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
-                     inputs=None):
+                     inputs=None, prev_float=None):
         pop, diff = buf is not None, grad is not None
         stored = 0 if restore is None else restore.shape[1]
         if pop:
@@ -423,6 +426,8 @@ class NumbaSteps(StepKernels):
                               prev[0].numpy(), prev[1].numpy(), diff, *grads)
         if pop:
             _record_pops(words, status, groups)
+        if prev_float is not None:
+            _write_float(prev[0].numpy(), prev_float.numpy())
 
 
 NUMBA_STEPS = NumbaSteps()

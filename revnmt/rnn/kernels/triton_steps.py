@@ -217,15 +217,19 @@ def _push_walk(KIND: tl.constexpr, h_ptr, h_rs, out_ptr, out_rs, float_ptr, pre_
 
 
 @triton.jit
-def _pop_walk(KIND: tl.constexpr, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, restore_rs, pre_ptr, pre_rs,
-              proj_ptr, proj_rs, aux_ptr, aux_rs, mask_ptr, stack_ptr, flags_ptr, cur, top, status, batch, half,
-              stored, lane_rows, lanes, first_flag, min_numerator, slope, LANE_BLOCK: tl.constexpr,
-              ELEMENT_BLOCK: tl.constexpr):
+def _pop_walk(KIND: tl.constexpr, h_ptr, h_rs, prev_ptr, prev_rs, float_ptr, restore_ptr, restore_rs, pre_ptr,
+              pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, mask_ptr, stack_ptr, flags_ptr, cur, top, status, batch,
+              half, stored, lane_rows, lanes, first_flag, min_numerator, slope, LANE_BLOCK: tl.constexpr,
+              ELEMENT_BLOCK: tl.constexpr, FLOAT: tl.constexpr):
     """The inverse of :func:`_push_walk` into ``prev``, whose first ``stored`` columns are copied from
-    ``restore`` (kept exactly elsewhere). Returns (slab, height, status)."""
+    ``restore`` (kept exactly elsewhere); with FLOAT, also the float copy of ``prev`` into ``float_ptr``
+    ([batch, half]). Returns (slab, height, status)."""
     for start in range(0, batch * stored, ELEMENT_BLOCK):
         ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
-        tl.store(prev_ptr + b * prev_rs + col, tl.load(restore_ptr + b * restore_rs + col, mask=ok), mask=ok)
+        kept = tl.load(restore_ptr + b * restore_rs + col, mask=ok)
+        tl.store(prev_ptr + b * prev_rs + col, kept, mask=ok)
+        if FLOAT:
+            tl.store(float_ptr + b * half + col, _to_float(kept), mask=ok)
 
     slab = lane_rows * lanes
     lane = tl.arange(0, LANE_BLOCK)
@@ -245,6 +249,8 @@ def _pop_walk(KIND: tl.constexpr, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, r
         value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, valid & live, cur, top, lane, lane_ok, slab,
                                      stack_ptr, flags_ptr + first_flag + c)
         tl.store(prev_ptr + b * prev_rs + col, value.to(tl.int32), mask=valid)
+        if FLOAT:
+            tl.store(float_ptr + b * half + col, _to_float(value), mask=valid)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
         status = _record(status, _outside_int32(value, valid & live), OUT_OF_RANGE)
     return cur, top, status
@@ -298,19 +304,21 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
 
 @triton.jit
 def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, restore_ptr, restore_rs,
-                        prev_ptr, prev_rs, grad_ptr, grad_rs, grad_z_ptr, grad_g_ptr, grad_zg_rs,
+                        prev_ptr, prev_rs, float_ptr, grad_ptr, grad_rs, grad_z_ptr, grad_g_ptr, grad_zg_rs,
                         curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                         batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
-                        POP: tl.constexpr, DIFF: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+                        POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
+                        ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
     backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``
-    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``)."""
+    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``). With FLOAT, the float
+    copy of ``prev`` goes to ``float_ptr``."""
     if POP:
         cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-        cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, restore_ptr, restore_rs, pre_g_ptr,
-                                     pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr, flags_ptr,
-                                     cur, top, status, batch, half, stored, lane_rows, lanes, first_flag, min_numerator,
-                                     slope, LANE_BLOCK, ELEMENT_BLOCK)
+        cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, float_ptr, restore_ptr, restore_rs,
+                                     pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr,
+                                     flags_ptr, cur, top, status, batch, half, stored, lane_rows, lanes, first_flag,
+                                     min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, FLOAT)
         _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
@@ -326,6 +334,8 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
             tl.store(grad_g_ptr + b * grad_zg_rs + j, grad_u * (1.0 - z) * (1.0 - g * g), mask=ok)
             prev = _to_float(tl.load(prev_ptr + b * prev_rs + j, mask=ok, other=0))
             tl.store(grad_z_ptr + b * grad_zg_rs + j, (grad_u * prev - grad_u * g) * slope * sz * (1.0 - sz), mask=ok)
+            if FLOAT and not POP:  # else the pop wrote it
+                tl.store(float_ptr + b * half + j, prev, mask=ok)
 
 
 @triton.jit
@@ -372,24 +382,26 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_
 
 @triton.jit
 def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, restore_ptr,
-                         restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, grad_h_ptr, grad_h_rs, grad_c_ptr,
-                         grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs, inputs_ptr, inputs_rs,
+                         restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, float_ptr, grad_h_ptr, grad_h_rs,
+                         grad_c_ptr, grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs, inputs_ptr, inputs_rs,
                          curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                          batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
-                         POP: tl.constexpr, DIFF: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+                         POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
+                         ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
     backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``,
-    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``."""
+    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``. With FLOAT, the float copy of the
+    previous h goes to ``float_ptr``."""
     if POP:
         cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-        cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, restore_ptr, restore_rs,
-                                     pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
-                                     cur, top, status, batch, half, stored, lane_rows, lanes, flag_h, min_numerator,
-                                     slope, LANE_BLOCK, ELEMENT_BLOCK)
-        cur, top, status = _pop_walk(LSTM_CELL, c_ptr, c_rs, prev_c_ptr, prev_c_rs, restore_ptr, restore_rs,
-                                     pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
-                                     cur, top, status, batch, half, 0, lane_rows, lanes, flag_c, min_numerator, slope,
-                                     LANE_BLOCK, ELEMENT_BLOCK)
+        cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, float_ptr, restore_ptr,
+                                     restore_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr,
+                                     flags_ptr, cur, top, status, batch, half, stored, lane_rows, lanes, flag_h,
+                                     min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, FLOAT)
+        cur, top, status = _pop_walk(LSTM_CELL, c_ptr, c_rs, prev_c_ptr, prev_c_rs, float_ptr, restore_ptr,
+                                     restore_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr,
+                                     flags_ptr, cur, top, status, batch, half, 0, lane_rows, lanes, flag_c,
+                                     min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, False)
         _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
@@ -408,6 +420,8 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, pr
             tl.store(grad_c_ptr + b * grad_c_rs + j, grad_c, mask=ok)
             prev_c = _to_float(tl.load(prev_c_ptr + b * prev_c_rs + j, mask=ok, other=0))
             prev_h = _to_float(tl.load(prev_h_ptr + b * prev_h_rs + j, mask=ok, other=0))
+            if FLOAT and not POP:  # else the pop wrote it
+                tl.store(float_ptr + b * half + j, prev_h, mask=ok)
             row = grad_pre_ptr + b * grad_pre_rs + j
             tl.store(row, grad_uc * prev_c * slope * sf * (1.0 - sf), mask=ok)
             tl.store(row + half, grad_uc * ig * (1.0 - g * g), mask=ok)
@@ -449,19 +463,21 @@ def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: tor
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_reverse",
-                         mutates_args=("prev", "grad", "grad_z", "grad_g", "curr", "stack", "top", "flags", "status"))
+                         mutates_args=("prev", "prev_float", "grad", "grad_z", "grad_g", "curr", "stack", "top",
+                                       "flags", "status"))
 def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
-                    restore: torch.Tensor | None, prev: torch.Tensor, grad: torch.Tensor | None,
-                    grad_z: torch.Tensor | None, grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor,
-                    top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int,
-                    slope: float, pop: bool) -> None:
+                    restore: torch.Tensor | None, prev: torch.Tensor, prev_float: torch.Tensor | None,
+                    grad: torch.Tensor | None, grad_z: torch.Tensor | None, grad_g: torch.Tensor | None,
+                    curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor,
+                    status: torch.Tensor, first_flag: int, min_numerator: int, slope: float, pop: bool) -> None:
     restore = _or_no_columns(restore, h)
-    diff = grad is not None
+    diff, write_float = grad is not None, prev_float is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
     _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(restore), *_rows(prev),
-                              *_rows(grad), grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status,
-                              h.shape[0], h.shape[1], restore.shape[1], curr.shape[0], curr.shape[1], first_flag,
-                              min_numerator, slope, POP=pop, DIFF=diff, **launch_options(curr.numel()))
+                              prev_float if write_float else pre_g, *_rows(grad), grad_z, grad_g, grad_z.stride(0),
+                              curr, stack, top, flags, status, h.shape[0], h.shape[1], restore.shape[1], curr.shape[0],
+                              curr.shape[1], first_flag, min_numerator, slope, POP=pop, DIFF=diff, FLOAT=write_float,
+                              **launch_options(curr.numel()))
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_r", "grad_read", "inputs"))
@@ -490,24 +506,26 @@ def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: tor
 
 
 @torch.library.custom_op("revnmt_rnn::triton_lstm_reverse",
-                         mutates_args=("prev_h", "prev_c", "grad_h", "grad_c", "grad_pre", "inputs", "curr", "stack",
-                                       "top", "flags", "status"))
+                         mutates_args=("prev_h", "prev_c", "prev_float", "grad_h", "grad_c", "grad_pre", "inputs",
+                                       "curr", "stack", "top", "flags", "status"))
 def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
                      restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
-                     grad_h: torch.Tensor | None, grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None,
+                     prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None,
+                     grad_pre: torch.Tensor | None,
                      read: torch.Tensor | None, inputs: torch.Tensor | None,
                      curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor,
                      status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int, slope: float,
                      pop: bool) -> None:
     restore = _or_no_columns(restore, h)
-    diff = grad_h is not None
+    diff, write_float = grad_h is not None, prev_float is not None
     # Untouched without DIFF:
     grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
     _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, *_rows(restore), *_rows(prev_h),
-                               *_rows(prev_c), *_rows(grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
+                               *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h), *_rows(grad_c),
+                               *_rows(grad_pre), *_rows(read),
                                *_rows(inputs), curr, stack, top,
                                flags, status, h.shape[0], h.shape[1], restore.shape[1], curr.shape[0], curr.shape[1],
-                               flag_c, flag_h, min_numerator, slope, POP=pop, DIFF=diff,
+                               flag_c, flag_h, min_numerator, slope, POP=pop, DIFF=diff, FLOAT=write_float,
                                **launch_options(curr.numel()))
 
 
@@ -565,7 +583,8 @@ class TritonSteps(StepKernels):
         record_pushes(words, [(widths, lost)])
         return new_float
 
-    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g):
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
+                    prev_float=None):
         pop = buf is not None
         if pop:
             words = buf.words
@@ -573,8 +592,8 @@ class TritonSteps(StepKernels):
             first, tensors = check_pops(words, groups), _word_tensors(words)
         else:
             first, tensors = 0, _no_words(h.device)
-        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, grad, grad_z, grad_g, *tensors,
-                        first, *_limit(max_bits), pop)
+        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, grad_z, grad_g,
+                        *tensors, first, *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)
 
@@ -594,7 +613,7 @@ class TritonSteps(StepKernels):
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
-                     inputs=None):
+                     inputs=None, prev_float=None):
         pop = buf is not None
         if pop:
             words = buf.words
@@ -604,9 +623,8 @@ class TritonSteps(StepKernels):
         else:
             groups, first, tensors = [[]], 0, _no_words(h.device)
         grad_h, grad_c = (None, None) if grad is None else grad
-        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, grad_h, grad_c, grad_pre, read, inputs,
-                         *tensors,
-                         first, first + len(groups[0]), *_limit(max_bits), pop)
+        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, grad_c, grad_pre,
+                         read, inputs, *tensors, first, first + len(groups[0]), *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)
 

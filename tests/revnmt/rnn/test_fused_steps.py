@@ -105,11 +105,12 @@ def test_gru_kernels_match_the_torch_buffer_given_the_same_gates():
         pushed.append((h, out, pre_g, p, s, z, u))
     for h, out, pre_g, p, s, z, u in reversed(pushed):
         restore = h[:, :STORED]
-        prev = torch.empty_like(out)
-        ns.NUMBA_STEPS.gru_reverse(fused, out, pre_g, p, col, s, MASK, BITS, restore, prev, None, None, None)
+        prev, prev_float = torch.empty_like(out), torch.empty(out.shape)
+        ns.NUMBA_STEPS.gru_reverse(fused, out, pre_g, p, col, s, MASK, BITS, restore, prev, None, None, None,
+                                   prev_float)
         want = ref.pop_update(out, z, u, MASK, STORED)
         want[:, :STORED] = restore
-        assert torch.equal(prev, want) and torch.equal(prev, h)
+        assert torch.equal(prev, want) and torch.equal(prev, h) and torch.equal(prev_float, to_float(want))
         _assert_same_words(fused, ref)
     assert fused.is_empty() and ref.is_empty()
 
@@ -138,12 +139,13 @@ def test_lstm_kernels_match_the_torch_buffer_given_the_same_gates():
         pushed.append((h, c, out_h, out_c, pre, p, f, i * g, sp, o * tanh_c))
     for h, c, out_h, out_c, pre, p, f, u_c, sp, u_h in reversed(pushed):
         restore = h[:, :STORED]
-        prev_h, prev_c = torch.empty_like(out_h), torch.empty_like(out_c)
-        ns.NUMBA_STEPS.lstm_reverse(fused, out_h, out_c, pre, p, col, MASK, BITS, restore, (prev_h, prev_c), None, None)
+        prev_h, prev_c, prev_float = torch.empty_like(out_h), torch.empty_like(out_c), torch.empty(out_h.shape)
+        ns.NUMBA_STEPS.lstm_reverse(fused, out_h, out_c, pre, p, col, MASK, BITS, restore, (prev_h, prev_c), None, None,
+                                    prev_float=prev_float)
         want_h = ref.pop_update(out_h, sp, u_h, MASK, STORED)
         want_h[:, :STORED] = restore
         want_c = ref.pop_update(out_c, f, u_c, MASK)
-        assert torch.equal(prev_h, want_h) and torch.equal(prev_c, want_c)
+        assert torch.equal(prev_h, want_h) and torch.equal(prev_c, want_c) and torch.equal(prev_float, to_float(want_h))
         assert torch.equal(prev_h, h) and torch.equal(prev_c, c)
         _assert_same_words(fused, ref)
     assert fused.is_empty() and ref.is_empty()
@@ -152,30 +154,37 @@ def test_lstm_kernels_match_the_torch_buffer_given_the_same_gates():
 @pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("cell_type", [RevGRUCell, RevLSTMCell])
 def test_reverse_int_then_backward_step_equals_reverse_diff(cell_type, backend):
-    # The decoder's chunked reverse pops a chunk of steps first and differentiates them afterwards:
-    # the two halves of the reverse step must give what the fused one does, bit for bit.
+    # The decoder's chunked reverse pops a chunk of steps first and differentiates them afterwards, from the
+    # gates the pop kept (fused kernels) or recomputed: both must give what the one-pass step does, bit for bit.
     torch.manual_seed(0)
     cell = cell_type(INPUT, HIDDEN, BITS)
-    bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(2)]
+    bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(3)]
     p, start = _inputs(cell, 0)
     new = [cell.forward_int(p, start, buf, MASK, stored=STORED) for buf in bufs]
-    assert torch.equal(new[0], new[1])
+    assert torch.equal(new[0], new[1]) and torch.equal(new[0], new[2])
     grad = torch.randn(BATCH, cell.state_size)
-    grad_copy, restore = grad.clone(), start[:, :STORED]
+    restore = start[:, :STORED]
     runs = []
-    for buf, state in zip(bufs, new):
+    for run, (buf, state) in enumerate(zip(bufs, new)):
         cell.zero_grad()
-        if not runs:
-            prev, grad_prev, grad_p = cell.reverse_diff(p, state, grad, buf, MASK, restore)
+        given = grad.clone()
+        if run == 0:
+            prev, grad_prev, grad_p = cell.reverse_diff(p, state, given, buf, MASK, restore)
         else:
-            prev = cell.reverse_int(p, state, buf, MASK, restore)
-            grad_prev, grad_p = cell.backward_step(p, prev, state, grad, MASK, backend=buf.backend.name)
+            gates = {} if run == 2 else None
+            prev = cell.reverse_int(p, state, buf, MASK, restore, gates=gates)
+            if gates is not None:  # fused kernels keep both halves' gates; the torch reference keeps none
+                assert sorted(gates) == ([0, 1] if backend == "numba" else [])
+            grad_prev, grad_p = cell.backward_step(p, prev, state, given, MASK, backend=buf.backend.name,
+                                                   gates=gates)
+        assert grad_prev is given  # updated in place: no copy per step
         runs.append((prev, grad_prev, grad_p, _weight_grads(cell)))
         assert torch.equal(prev, start) and buf.is_empty()
-    assert torch.equal(grad, grad_copy)  # the caller's gradient is not modified
-    (prev, grad_prev, grad_p, weights), (prev2, grad_prev2, grad_p2, weights2) = runs
-    assert torch.equal(grad_prev, grad_prev2) and torch.equal(grad_p, grad_p2)
-    assert len(weights) == len(weights2) > 0 and all(torch.equal(a, b) for a, b in zip(weights, weights2))
+    (prev, grad_prev, grad_p, weights) = runs[0]
+    assert len(weights) > 0
+    for _, grad_prev2, grad_p2, weights2 in runs[1:]:
+        assert torch.equal(grad_prev, grad_prev2) and torch.equal(grad_p, grad_p2)
+        assert len(weights) == len(weights2) and all(torch.equal(a, b) for a, b in zip(weights, weights2))
 
 
 @pytest.mark.parametrize("cell_type", [RevGRUCell, RevLSTMCell])
@@ -191,7 +200,7 @@ def test_fused_and_reference_derivatives_agree_on_the_same_states(cell_type):
     results = []
     for backend in ("numba", "torch"):
         cell.zero_grad()
-        grad_prev, grad_p = cell.backward_step(p, prev, new, grad, MASK, backend=backend)
+        grad_prev, grad_p = cell.backward_step(p, prev, new, grad.clone(), MASK, backend=backend)
         results.append([grad_prev, grad_p] + _weight_grads(cell))
     for got, want in zip(*results):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)

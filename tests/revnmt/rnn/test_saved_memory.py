@@ -130,6 +130,29 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     assert rnn.work_bytes(batch, cpu) == without + 2 * held
 
 
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_gates_held_for_a_chunks_backward_steps_are_charged(cell):
+    # A decoder's chunk holds, for each step but its first, the gates its fused reverse steps computed
+    # (``HalfGates``), which its backward steps take instead of recomputing: project_width floats per row
+    # and layer, charged with the chunk's states where the backend has fused kernels (the torch reference
+    # recomputes them and holds none).
+    batch, chunk_steps = 5, 3
+    fused, reference = (ReversibleRNN(cell, 8, 12, num_layers=2, chunk_steps=chunk_steps, buffer_backend=b)
+                        for b in ("numba", "torch"))
+    cpu = torch.device("cpu")
+    layer = fused.cells[0]
+    p = layer.project(torch.randn(batch, 8))
+    buf, mask = fused.new_buffer(batch, cpu), torch.ones(batch, dtype=torch.bool)
+    state = layer.forward_int(p, torch.zeros(batch, layer.state_size, dtype=torch.int32), buf, mask)
+    gates = {}
+    layer.reverse_int(p, state, buf, mask, gates=gates)
+    held = sum(t.nbytes for kept in gates.values() for t in kept)
+    assert held == batch * layer.project_width * 4
+    extra = fused.work_bytes(batch, cpu, outputs=True) - fused.work_bytes(batch, cpu)
+    extra_reference = reference.work_bytes(batch, cpu, outputs=True) - reference.work_bytes(batch, cpu)
+    assert extra - extra_reference == (chunk_steps - 1) * fused.num_layers * held
+
+
 def _held_tensor_bytes(weights: SweepWeights) -> int:
     held = [v for name, v in vars(weights).items() if name != "_ones"]
     tensors = [t for v in held for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor)]

@@ -129,14 +129,16 @@ def test_gru_kernels_make_the_torch_references_integers():
         if stored:
             want[:, :stored] = restore
         got_grad = grad.clone()
-        prev = torch.empty_like(h)
-        TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, got_grad, grad_z, grad_g)
-        assert torch.equal(prev, want) and torch.equal(prev, states[t])
+        prev, prev_float = torch.empty_like(h), torch.empty(B, H, device=DEVICE)
+        TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, got_grad, grad_z, grad_g,
+                                 prev_float)
+        assert torch.equal(prev, want) and torch.equal(prev, states[t]) and torch.equal(prev_float, to_float(want))
         _assert_same_words(ours, ref)
         # The derivative alone, from the given previous half (backward_step), is the same.
-        again = grad.clone(), torch.empty_like(grad_z), torch.empty_like(grad_g)
-        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again)
+        again, again_float = (grad.clone(), torch.empty_like(grad_z), torch.empty_like(grad_g)), torch.empty_like(grad)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again, again_float)
         assert all(torch.equal(a, b) for a, b in zip(again, (got_grad, grad_z, grad_g)))
+        assert torch.equal(again_float, prev_float)
         h = prev
     assert ours.is_empty() and ref.is_empty()
 
@@ -196,16 +198,20 @@ def test_lstm_kernels_make_the_torch_references_integers():
         got_grad, grad_pre = tuple(g.clone() for g in grad), torch.empty(B, 5 * H, device=DEVICE)
         prev = torch.empty_like(h), torch.empty_like(c)
         read, slot = torch.randn(B, H, device=DEVICE), torch.empty(B, H, device=DEVICE)
+        prev_float = torch.empty(B, H, device=DEVICE)
         TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, got_grad, grad_pre, read,
-                                  slot)
+                                  slot, prev_float)
         assert torch.equal(slot, read)  # the weight gradient's input, copied by the kernel
         assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
+        assert torch.equal(prev_float, to_float(want_h))  # the next half's recurrent input
         assert torch.equal(prev[0], states[t][0]) and torch.equal(prev[1], states[t][1])
         _assert_same_words(ours, ref)
         again, again_pre = tuple(g.clone() for g in grad), torch.empty_like(grad_pre)
+        again_float = torch.empty_like(slot)
         TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, again, again_pre, read,
-                                  torch.empty_like(slot))
+                                  torch.empty_like(slot), again_float)
         assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
+        assert torch.equal(again_float, prev_float)
         h, c = prev
     assert ours.is_empty() and ref.is_empty()
 
