@@ -422,14 +422,14 @@ class RevGRUCell(RevCell):
         return torch.cat(h, 1)
 
     def _forward_fused(self, kernels: StepKernels, weights: SweepWeights, p, state, buf, mask, stored) -> torch.Tensor:
-        """Per half the z, r product, the gates kernel, the g product and the update kernel (which also
+        """Per half the gates kernel (with the z, r product), the g product and the update kernel (which also
         makes the float copy the next half reads)."""
         h, out = self._split(state), torch.empty_like(state)
         read = to_float(h[1])
         for i, new in zip((0, 1), self._split(out)):
             col = self._half_start(i)
             rh = torch.empty_like(read)
-            s = kernels.gru_gates(products.linear(read, weights.recurrent[2 * i]), p, col, read, rh)
+            s = kernels.gru_gates(read, weights.recurrent[2 * i], p, col, rh)
             read = kernels.gru_push(buf, h[i], products.linear(rh, weights.recurrent[2 * i + 1]), p,
                                     col + 2 * self.half, s, mask, self._stored(i, stored), self.max_forget_bits, new)
         return out
@@ -471,7 +471,7 @@ class RevGRUCell(RevCell):
             s, pre_g = gates[i]
         else:
             rh = torch.empty_like(read)
-            s = kernels.gru_gates(products.linear(read, weights.recurrent[2 * i]), p, col, read, rh)
+            s = kernels.gru_gates(read, weights.recurrent[2 * i], p, col, rh)
             pre_g = products.linear(rh, weights.recurrent[2 * i + 1])
             if gates is not None:
                 gates[i] = s, pre_g
@@ -482,8 +482,8 @@ class RevGRUCell(RevCell):
                             prevs[i], None if grads is None else grads[i], grad_z, grad_g, prev_float)
         ints[i] = prevs[i]
         if grads is not None:
-            kernels.gru_read_grad(products.linear(grad_g, weights.recurrent[2 * i + 1].t()), read, s, grad_r,
-                                  grads[1 - i], slot[1][2 * i: 2 * i + 2])
+            kernels.gru_read_grad(grad_g, weights.recurrent[2 * i + 1], read, s, grad_r, grads[1 - i],
+                                  slot[1][2 * i: 2 * i + 2])
             products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent[2 * i].t())
         return prev_float
 

@@ -6,10 +6,12 @@ gate activations, the forget restriction and quantization, the rounded additive 
 push (or pop), the integer add, range checks, the float copy of the new half and, in the reverse,
 the hand-written derivative. Written as torch ops (``revnmt.rnn.cells``, the readable reference)
 that is some thirty small ops per half; a :class:`StepKernels` does each elementwise stretch in one
-call. The family is chosen by the buffer backend (the ``buffer_backend`` argument, resolved once
-when the buffer is made): :func:`step_kernels` maps a resolved backend name to its kernels, or to
-``None`` for the torch reference. A Triton family would implement the same interface on CUDA
-tensors and be registered there.
+call, with the product before it where that saves a launch on a GPU (RevGRU's z, r product and the
+product of g's gradient: the Triton kernels compute them with ``tl.dot``, the numba kernels call
+:func:`revnmt.rnn.products.linear`). The family is chosen by the buffer backend (the
+``buffer_backend`` argument, resolved once when the buffer is made): :func:`step_kernels` maps a
+resolved backend name to its kernels (numba on CPU, Triton on CUDA), or to ``None`` for the torch
+reference.
 
 Exactness: the reverse recomputes the forward's gates to decode the buffer, so both sweeps must
 compute every gate with the same code on the same device. An implementation therefore computes
@@ -46,9 +48,10 @@ class StepKernels(ABC):
     name: str
 
     @abstractmethod
-    def gru_gates(self, pre_zr: torch.Tensor, p: torch.Tensor, col: int, read: torch.Tensor,
+    def gru_gates(self, read: torch.Tensor, weight: torch.Tensor, p: torch.Tensor, col: int,
                   rh: torch.Tensor) -> torch.Tensor:
-        """σ of [z | r] (z before its limit), returned [B, 2H], and r·h_j written into ``rh``."""
+        """σ(read · weightᵀ + p[:, col: col + 2H]), [z | r] (z before its limit), returned [B, 2H], and r·h_j
+        (``read`` is h_j) written into ``rh``. ``weight``: the z and r rows' recurrent columns [2H, H]."""
 
     @abstractmethod
     def gru_push(self, buf: InformationBuffer, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor, col: int,
@@ -67,11 +70,12 @@ class StepKernels(ABC):
         d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
 
     @abstractmethod
-    def gru_read_grad(self, grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
-                      grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
-        """From d loss / d (r·h_j): write d loss / d pre-activation of r into ``grad_r`` and add the
-        direct part r·grad_rh into ``grad_read`` (d loss / d h_j); copy the half's recurrent inputs, h_j
-        (``read``) and r·h_j, into ``inputs`` [2, B, H] (the step's weight-gradient slots)."""
+    def gru_read_grad(self, grad_g: torch.Tensor, weight: torch.Tensor, read: torch.Tensor, s: torch.Tensor,
+                      grad_r: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
+        """From d loss / d g's pre-activation, through d loss / d (r·h_j) = grad_g · ``weight`` (g's recurrent
+        columns [H, H]): write d loss / d pre-activation of r into ``grad_r`` and add the direct part
+        r·grad_rh into ``grad_read`` (d loss / d h_j); copy the half's recurrent inputs, h_j (``read``) and
+        r·h_j, into ``inputs`` [2, B, H] (the step's weight-gradient slots)."""
 
     @abstractmethod
     def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,

@@ -30,6 +30,7 @@ from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms
 from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
 from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT, WordStack
 
+from .. import products
 from . import StepKernels, check_pops, record_pops, record_pushes
 
 # The error model "numpy" drops the division-by-zero checks of Python semantics (a float division by
@@ -360,7 +361,8 @@ class NumbaSteps(StepKernels):
 
     name = "numba"
 
-    def gru_gates(self, pre_zr, p, col, read, rh):
+    def gru_gates(self, read, weight, p, col, rh):
+        pre_zr = products.linear(read, weight)
         s = torch.empty_like(pre_zr)
         gru_gates(pre_zr.numpy(), p.numpy(), col, read.numpy(), s.numpy(), rh.numpy())
         return s
@@ -394,8 +396,9 @@ class NumbaSteps(StepKernels):
         if prev_float is not None:
             _write_float(prev.numpy(), prev_float.numpy())
 
-    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read, inputs):
-        gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_r.numpy(), grad_read.numpy(), inputs.numpy())
+    def gru_read_grad(self, grad_g, weight, read, s, grad_r, grad_read, inputs):
+        gru_read_grad(products.linear(grad_g, weight.t()).numpy(), read.numpy(), s.numpy(), grad_r.numpy(),
+                      grad_read.numpy(), inputs.numpy())
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words

@@ -75,7 +75,9 @@ GRU = tl.constexpr(0)
 LSTM_CELL = tl.constexpr(1)
 LSTM_HIDDEN = tl.constexpr(2)
 
-_BLOCK = 1024  # elements per program of the elementwise kernels, and per iteration of the walks' elementwise parts
+# The tiled kernels' blocks (products with their activations): rows and units per program, and the inner
+# dimension per tl.dot. BLOCK_K sets the order of a product's sums, so every kernel computing a gate uses these.
+_TILE = {"BLOCK_B": 16, "BLOCK_J": 32, "BLOCK_K": 32}
 
 
 # ---------------------------------------------------------------------------- the gates, shared by every kernel
@@ -276,15 +278,46 @@ def _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lane
 
 
 @triton.jit
-def _gru_gates_kernel(pre_ptr, pre_rs, p_ptr, p_rs, read_ptr, read_rs, s_ptr, rh_ptr, rh_rs, batch, half,
-                      BLOCK: tl.constexpr):
-    """s = σ(pre_zr + p_zr) ([z | r], [batch, 2·half]) and rh = r·read, the input of g's product."""
-    ok, b, j = _elements(tl.program_id(0) * BLOCK, batch, half, BLOCK)
-    sz = _sigmoid(tl.load(pre_ptr + b * pre_rs + j, mask=ok) + tl.load(p_ptr + b * p_rs + j, mask=ok))
-    sr = _sigmoid(tl.load(pre_ptr + b * pre_rs + half + j, mask=ok) + tl.load(p_ptr + b * p_rs + half + j, mask=ok))
+def _linear_tile(x_ptr, x_rs, w_ptr, w_os, w_ks, rows, outs, batch, n_out, inner, BLOCK_B: tl.constexpr,
+                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[rows] · w[outs]ᵀ, a [BLOCK_B, BLOCK_O] tile of ``products.linear(x, w)`` (w [n_out, inner] with strides
+    ``w_os``, ``w_ks``), summed over ``inner`` BLOCK_K at a time, each a ``tl.dot`` in IEEE float32 (no TF32). The
+    order of the sums is the tile's own, not torch's: a gate computed here is the same bits in every kernel that
+    calls this with the same blocks, which is what the reverse needs."""
+    acc = tl.zeros((BLOCK_B, BLOCK_O), dtype=tl.float32)
+    for k0 in range(0, inner, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * x_rs + ks[None, :], mask=(rows[:, None] < batch) & (ks[None, :] < inner),
+                    other=0.0)
+        w = tl.load(w_ptr + outs[None, :] * w_os + ks[:, None] * w_ks,
+                    mask=(outs[None, :] < n_out) & (ks[:, None] < inner), other=0.0)
+        acc = tl.dot(x, w, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _tile(BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, batch, half):
+    """This program's rows and units of a [batch, half] tile grid, and (row, unit, valid) as 2-D blocks."""
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    units = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    return rows, units, rows[:, None], units[None, :], (rows[:, None] < batch) & (units[None, :] < half)
+
+
+@triton.jit
+def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, rh_ptr, rh_rs, batch, half,
+                      BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    """s = σ(read · w_zrᵀ + p_zr) ([z | r], [batch, 2·half]) and rh = r·read, the input of g's product: the
+    product and its activations in one launch, a tile of rows and units per program."""
+    rows, units, b, j, ok = _tile(BLOCK_B, BLOCK_J, batch, half)
+    pre_z = _linear_tile(read_ptr, read_rs, w_ptr, w_os, w_ks, rows, units, batch, half, half, BLOCK_B, BLOCK_J,
+                         BLOCK_K)
+    pre_r = _linear_tile(read_ptr, read_rs, w_ptr + half * w_os, w_os, w_ks, rows, units, batch, half, half, BLOCK_B,
+                         BLOCK_J, BLOCK_K)
+    sz = _sigmoid(pre_z + tl.load(p_ptr + b * p_rs + j, mask=ok, other=0.0))
+    sr = _sigmoid(pre_r + tl.load(p_ptr + b * p_rs + half + j, mask=ok, other=0.0))
     tl.store(s_ptr + b * 2 * half + j, sz, mask=ok)
     tl.store(s_ptr + b * 2 * half + half + j, sr, mask=ok)
-    tl.store(rh_ptr + b * rh_rs + j, sr * tl.load(read_ptr + b * read_rs + j, mask=ok), mask=ok)
+    tl.store(rh_ptr + b * rh_rs + j, sr * tl.load(read_ptr + b * read_rs + j, mask=ok, other=0.0), mask=ok)
 
 
 @triton.jit
@@ -339,18 +372,20 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
 
 
 @triton.jit
-def _gru_read_grad_kernel(grad_rh_ptr, grad_rh_rs, read_ptr, read_rs, s_ptr, grad_r_ptr, grad_r_rs, grad_read_ptr,
-                          grad_read_rs, inputs_ptr, inputs_rs, inputs_ps, batch, half, BLOCK: tl.constexpr):
-    """d loss / d r's pre-activation, r·grad_rh added to d loss / d h_j, and h_j and r·h_j (as
-    :func:`_gru_gates_kernel` computes it) copied into the weight-gradient slots ``inputs`` (two planes,
-    ``inputs_ps`` apart)."""
-    ok, b, j = _elements(tl.program_id(0) * BLOCK, batch, half, BLOCK)
-    grad_rh = tl.load(grad_rh_ptr + b * grad_rh_rs + j, mask=ok)
-    r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok)
-    read = tl.load(read_ptr + b * read_rs + j, mask=ok)
+def _gru_read_grad_kernel(grad_g_ptr, grad_g_rs, w_ptr, w_os, w_ks, read_ptr, read_rs, s_ptr, grad_r_ptr, grad_r_rs,
+                          grad_read_ptr, grad_read_rs, inputs_ptr, inputs_rs, inputs_ps, batch, half,
+                          BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+    """grad_rh = grad_g · w_g (d loss / d r·h_j), then d loss / d r's pre-activation, r·grad_rh added to
+    d loss / d h_j, and h_j and r·h_j (as :func:`_gru_gates_kernel` computes it) copied into the weight-gradient
+    slots ``inputs`` (two planes, ``inputs_ps`` apart)."""
+    rows, units, b, j, ok = _tile(BLOCK_B, BLOCK_J, batch, half)
+    grad_rh = _linear_tile(grad_g_ptr, grad_g_rs, w_ptr, w_os, w_ks, rows, units, batch, half, half, BLOCK_B, BLOCK_J,
+                           BLOCK_K)
+    r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok, other=0.0)
+    read = tl.load(read_ptr + b * read_rs + j, mask=ok, other=0.0)
     tl.store(grad_r_ptr + b * grad_r_rs + j, grad_rh * read * r * (1.0 - r), mask=ok)
     grad_read = grad_read_ptr + b * grad_read_rs + j
-    tl.store(grad_read, tl.load(grad_read, mask=ok) + grad_rh * r, mask=ok)
+    tl.store(grad_read, tl.load(grad_read, mask=ok, other=0.0) + grad_rh * r, mask=ok)
     tl.store(inputs_ptr + b * inputs_rs + j, read, mask=ok)
     tl.store(inputs_ptr + inputs_ps + b * inputs_rs + j, r * read, mask=ok)
 
@@ -442,12 +477,17 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t, t.stride(0)
 
 
+def _tiles(batch: int, half: int) -> tuple[int, int]:
+    """The launch grid of the tiled kernels: row blocks x unit blocks."""
+    return triton.cdiv(batch, _TILE["BLOCK_B"]), triton.cdiv(half, _TILE["BLOCK_J"])
+
+
 @torch.library.custom_op("revnmt_rnn::triton_gru_gates", mutates_args=("s", "rh"))
-def _gru_gates_op(pre_zr: torch.Tensor, p_zr: torch.Tensor, read: torch.Tensor, s: torch.Tensor,
+def _gru_gates_op(read: torch.Tensor, weight: torch.Tensor, p_zr: torch.Tensor, s: torch.Tensor,
                   rh: torch.Tensor) -> None:
     batch, half = read.shape
-    _gru_gates_kernel[(triton.cdiv(batch * half, _BLOCK),)](*_rows(pre_zr), *_rows(p_zr), *_rows(read), s, *_rows(rh),
-                                                            batch, half, BLOCK=_BLOCK, **COMPILE_OPTIONS)
+    _gru_gates_kernel[_tiles(batch, half)](*_rows(read), weight, *weight.stride(), *_rows(p_zr), s, *_rows(rh), batch,
+                                           half, **_TILE, **COMPILE_OPTIONS)
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_push",
@@ -481,12 +521,13 @@ def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: 
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_r", "grad_read", "inputs"))
-def _gru_read_grad_op(grad_rh: torch.Tensor, read: torch.Tensor, s: torch.Tensor, grad_r: torch.Tensor,
-                      grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
+def _gru_read_grad_op(grad_g: torch.Tensor, weight: torch.Tensor, read: torch.Tensor, s: torch.Tensor,
+                      grad_r: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
     batch, half = read.shape
-    _gru_read_grad_kernel[(triton.cdiv(batch * half, _BLOCK),)](*_rows(grad_rh), *_rows(read), s, *_rows(grad_r),
-                                                                *_rows(grad_read), *_rows(inputs[0]), inputs.stride(0),
-                                                                batch, half, BLOCK=_BLOCK, **COMPILE_OPTIONS)
+    w = weight.t()  # grad_g · weight = products.linear(grad_g, weight.t())
+    _gru_read_grad_kernel[_tiles(batch, half)](*_rows(grad_g), w, *w.stride(), *_rows(read), s, *_rows(grad_r),
+                                               *_rows(grad_read), *_rows(inputs[0]), inputs.stride(0), batch, half,
+                                               **_TILE, **COMPILE_OPTIONS)
 
 
 @torch.library.custom_op("revnmt_rnn::triton_lstm_push",
@@ -567,9 +608,9 @@ class TritonSteps(StepKernels):
 
     name = "triton"
 
-    def gru_gates(self, pre_zr, p, col, read, rh):
-        s = torch.empty(pre_zr.shape, dtype=pre_zr.dtype, device=pre_zr.device)
-        _gru_gates_op(pre_zr, _columns(p, col, pre_zr), read, s, rh)
+    def gru_gates(self, read, weight, p, col, rh):
+        s = torch.empty(read.shape[0], 2 * read.shape[1], dtype=read.dtype, device=read.device)
+        _gru_gates_op(read, weight, _columns(p, col, s), s, rh)
         return s
 
     def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
@@ -597,8 +638,8 @@ class TritonSteps(StepKernels):
         if pop:
             record_pops(words, groups)
 
-    def gru_read_grad(self, grad_rh, read, s, grad_r, grad_read, inputs):
-        _gru_read_grad_op(grad_rh, read, s, grad_r, grad_read, inputs)
+    def gru_read_grad(self, grad_g, weight, read, s, grad_r, grad_read, inputs):
+        _gru_read_grad_op(grad_g, weight, read, s, grad_r, grad_read, inputs)
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words

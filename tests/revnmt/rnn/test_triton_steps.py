@@ -100,13 +100,13 @@ def test_gru_kernels_make_the_torch_references_integers():
     h = torch.randint(-(1 << 23), 1 << 23, (B, H), dtype=torch.int32, device=DEVICE)
     states, saved = [h], []
     for t in range(steps):
-        read = torch.randn(B, H, device=DEVICE)
+        read, weight = torch.randn(B, H, device=DEVICE), torch.randn(2 * H, H, device=DEVICE) / H ** 0.5
         # The step's projection p holds both halves' [z | r | g] columns; these are half 1's.
-        pre_zr, pre_g, p = (torch.randn(B, k * H, device=DEVICE) for k in (2, 1, 6))
-        pre_zr[:, :H] -= 3  # forget about two bits a column
+        pre_g, p = (torch.randn(B, k * H, device=DEVICE) for k in (1, 6))
+        p[:, 3 * H: 4 * H] -= 3  # forget about two bits a column
         rh = torch.empty(B, H, device=DEVICE)
-        s = TRITON_STEPS.gru_gates(pre_zr, p, 3 * H, read, rh)
-        torch.testing.assert_close(s, torch.sigmoid(pre_zr + p[:, 3 * H: 5 * H]))
+        s = TRITON_STEPS.gru_gates(read, weight, p, 3 * H, rh)
+        torch.testing.assert_close(s, torch.sigmoid(read @ weight.t() + p[:, 3 * H: 5 * H]))
         assert torch.equal(rh, s[:, H:] * read)
         z, u = _gate_terms(GRU, pre_g, p[:, 5 * H:], s)
         stored = STORED * (t % 2)  # with and without stored columns
@@ -143,17 +143,33 @@ def test_gru_kernels_make_the_torch_references_integers():
     assert ours.is_empty() and ref.is_empty()
 
 
+@pytest.mark.parametrize("rows, half", [(B, H), (37, 70)])  # one tile; several tiles, inner blocks and a ragged edge
 @pytest.mark.parametrize("backend", ["numba", "triton"])
-def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(backend):
+def test_gru_gates_compute_their_product_and_activations(backend, rows, half):
+    torch.manual_seed(3)
+    device = DEVICE if backend == "triton" else torch.device("cpu")
+    read, weight = torch.randn(rows, half, device=device), torch.randn(2 * half, half, device=device) / half ** 0.5
+    p = torch.randn(rows, 6 * half, device=device)[:, 1:]  # a projection whose rows are not contiguous with its width
+    rh = torch.empty(rows, half, device=device)
+    s = step_kernels(backend).gru_gates(read, weight, p, 2, rh)
+    torch.testing.assert_close(s, torch.sigmoid(read @ weight.t() + p[:, 2: 2 + 2 * half]))
+    assert torch.equal(rh, s[:, half:] * read)  # r·h_j from the gates the kernel returns
+
+
+@pytest.mark.parametrize("rows, half", [(B, H), (37, 70)])
+@pytest.mark.parametrize("backend", ["numba", "triton"])
+def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(backend, rows, half):
     torch.manual_seed(2)
     device = DEVICE if backend == "triton" else torch.device("cpu")
-    grad_rh, read, s = (torch.randn(B, k * H, device=device) for k in (1, 1, 2))
+    grad_pre, read, s = (torch.randn(rows, k * half, device=device) for k in (3, 1, 2))
+    grad_g, weight = grad_pre[:, 2 * half:], torch.randn(half, half, device=device) / half ** 0.5  # a slot's g columns
     s = torch.sigmoid(s)
-    grad_read, grad_r = torch.randn(B, H, device=device), torch.empty(B, H, device=device)
-    inputs = torch.empty(4, B, H, device=device)[1:3]  # the half's two slots of a step: h_j and r·h_j
-    want_read = grad_read + grad_rh * s[:, H:]
-    step_kernels(backend).gru_read_grad(grad_rh, read, s, grad_r, grad_read, inputs)
-    r = s[:, H:]
+    grad_rh = grad_g @ weight
+    grad_read, grad_r = torch.randn(rows, half, device=device), grad_pre[:, half: 2 * half]
+    inputs = torch.empty(4, rows, half, device=device)[1:3]  # the half's two slots of a step: h_j and r·h_j
+    want_read = grad_read + grad_rh * s[:, half:]
+    step_kernels(backend).gru_read_grad(grad_g, weight, read, s, grad_r, grad_read, inputs)
+    r = s[:, half:]
     torch.testing.assert_close(grad_r, grad_rh * read * r * (1 - r))
     torch.testing.assert_close(grad_read, want_read)
     assert torch.equal(inputs[0], read) and torch.equal(inputs[1], r * read)  # r·h_j as the gates kernel makes it
@@ -305,8 +321,11 @@ _COMPILE = textwrap.dedent("""
 
     options = launch_options(64 * 16)  # batch 64 on 16 lanes, the CUDA default
     walk = {"LANE_BLOCK": options.pop("LANE_BLOCK"), "ELEMENT_BLOCK": options.pop("ELEMENT_BLOCK")}
-    variants = [(ts._gru_gates_kernel, {"BLOCK": 1024}), (ts._gru_read_grad_kernel, {"BLOCK": 1024}),
+    variants = [(ts._gru_gates_kernel, ts._TILE), (ts._gru_read_grad_kernel, ts._TILE),
                 (ts._gru_push_kernel, walk), (ts._lstm_push_kernel, walk)]
+    # tl.dot sums its products by FMA: that is the product's own arithmetic, done by the one kernel that computes
+    # the gate (or gradient), in both sweeps. Everywhere else no multiply and add may contract.
+    with_products = {ts._gru_gates_kernel, ts._gru_read_grad_kernel}
     variants += [(kernel, dict(walk, POP=pop, DIFF=diff))
                  for kernel in (ts._gru_reverse_kernel, ts._lstm_reverse_kernel)
                  for pop, diff in ((True, True), (True, False), (False, True))]
@@ -316,7 +335,7 @@ _COMPILE = textwrap.dedent("""
             compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
                                       options=options)
             assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
-            assert "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
+            assert kernel in with_products or "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
             print(f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))}: "
                   f"{len(compiled.asm['cubin'])} bytes of cubin")
 """)
