@@ -476,15 +476,14 @@ class RevGRUCell(RevCell):
             if gates is not None:
                 gates[i] = s, pre_g
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
-        grad_z, grad_r, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
+        grad_z, _, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
         prev_float = torch.empty_like(read) if i == 1 else None
         kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits, restore,
                             prevs[i], None if grads is None else grads[i], grad_z, grad_g, prev_float)
         ints[i] = prevs[i]
         if grads is not None:
-            kernels.gru_read_grad(grad_g, weights.recurrent[2 * i + 1], read, s, grad_r, grads[1 - i],
-                                  slot[1][2 * i: 2 * i + 2])
-            products.accumulate(grads[1 - i], grad_pre[:, : 2 * self.half], weights.recurrent[2 * i].t())
+            kernels.gru_read_grad(grad_pre, weights.recurrent[2 * i], weights.recurrent[2 * i + 1], read, s,
+                                  grads[1 - i], slot[1][2 * i: 2 * i + 2])
         return prev_float
 
     def forward_diff(self, p, prev_f, new_state, mask) -> torch.Tensor:

@@ -6,9 +6,9 @@ gate activations, the forget restriction and quantization, the rounded additive 
 push (or pop), the integer add, range checks, the float copy of the new half and, in the reverse,
 the hand-written derivative. Written as torch ops (``revnmt.rnn.cells``, the readable reference)
 that is some thirty small ops per half; a :class:`StepKernels` does each elementwise stretch in one
-call, with the product before it where that saves a launch on a GPU (RevGRU's z, r product and the
-product of g's gradient: the Triton kernels compute them with ``tl.dot``, the numba kernels call
-:func:`revnmt.rnn.products.linear`). The family is chosen by the buffer backend (the
+call, with the products around it where that saves launches on a GPU (RevGRU's z, r product and the
+products of its backward to h_j: the Triton kernels compute them with ``tl.dot``, the numba kernels call
+:mod:`revnmt.rnn.products`). The family is chosen by the buffer backend (the
 ``buffer_backend`` argument, resolved once when the buffer is made): :func:`step_kernels` maps a
 resolved backend name to its kernels (numba on CPU, Triton on CUDA), or to ``None`` for the torch
 reference.
@@ -70,12 +70,13 @@ class StepKernels(ABC):
         d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
 
     @abstractmethod
-    def gru_read_grad(self, grad_g: torch.Tensor, weight: torch.Tensor, read: torch.Tensor, s: torch.Tensor,
-                      grad_r: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
-        """From d loss / d g's pre-activation, through d loss / d (r·h_j) = grad_g · ``weight`` (g's recurrent
-        columns [H, H]): write d loss / d pre-activation of r into ``grad_r`` and add the direct part
-        r·grad_rh into ``grad_read`` (d loss / d h_j); copy the half's recurrent inputs, h_j (``read``) and
-        r·h_j, into ``inputs`` [2, B, H] (the step's weight-gradient slots)."""
+    def gru_read_grad(self, grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g: torch.Tensor,
+                      read: torch.Tensor, s: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
+        """Backpropagate a half into d loss / d h_j (``grad_read``, added to) from its pre-activation gradients
+        ``grad_pre`` [B, 3H] = [z | r | g] (z's and g's written by :meth:`gru_reverse`): through
+        d loss / d (r·h_j) = grad_g · ``weight_g`` write r's into the r columns, then add r·grad_rh and
+        [grad_z | grad_r] · ``weight_zr`` (the recurrent columns, [2H, H] and [H, H]); copy the half's recurrent
+        inputs, h_j (``read``) and r·h_j, into ``inputs`` [2, B, H] (the step's weight-gradient slots)."""
 
     @abstractmethod
     def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,

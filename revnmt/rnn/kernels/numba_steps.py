@@ -396,9 +396,12 @@ class NumbaSteps(StepKernels):
         if prev_float is not None:
             _write_float(prev.numpy(), prev_float.numpy())
 
-    def gru_read_grad(self, grad_g, weight, read, s, grad_r, grad_read, inputs):
-        gru_read_grad(products.linear(grad_g, weight.t()).numpy(), read.numpy(), s.numpy(), grad_r.numpy(),
-                      grad_read.numpy(), inputs.numpy())
+    def gru_read_grad(self, grad_pre, weight_zr, weight_g, read, s, grad_read, inputs):
+        half = read.shape[1]
+        grad_rh = products.linear(grad_pre[:, 2 * half:], weight_g.t())
+        gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_pre[:, half: 2 * half].numpy(), grad_read.numpy(),
+                      inputs.numpy())
+        products.accumulate(grad_read, grad_pre[:, : 2 * half], weight_zr.t())
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words

@@ -278,13 +278,11 @@ def _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lane
 
 
 @triton.jit
-def _linear_tile(x_ptr, x_rs, w_ptr, w_os, w_ks, rows, outs, batch, n_out, inner, BLOCK_B: tl.constexpr,
-                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x[rows] · w[outs]ᵀ, a [BLOCK_B, BLOCK_O] tile of ``products.linear(x, w)`` (w [n_out, inner] with strides
+def _linear_tile(acc, x_ptr, x_rs, w_ptr, w_os, w_ks, rows, outs, batch, n_out, inner, BLOCK_K: tl.constexpr):
+    """acc + x[rows] · w[outs]ᵀ, a [rows, outs] tile of ``products.linear(x, w)`` (w [n_out, inner] with strides
     ``w_os``, ``w_ks``), summed over ``inner`` BLOCK_K at a time, each a ``tl.dot`` in IEEE float32 (no TF32). The
     order of the sums is the tile's own, not torch's: a gate computed here is the same bits in every kernel that
     calls this with the same blocks, which is what the reverse needs."""
-    acc = tl.zeros((BLOCK_B, BLOCK_O), dtype=tl.float32)
     for k0 in range(0, inner, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * x_rs + ks[None, :], mask=(rows[:, None] < batch) & (ks[None, :] < inner),
@@ -296,11 +294,10 @@ def _linear_tile(x_ptr, x_rs, w_ptr, w_os, w_ks, rows, outs, batch, n_out, inner
 
 
 @triton.jit
-def _tile(BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, batch, half):
-    """This program's rows and units of a [batch, half] tile grid, and (row, unit, valid) as 2-D blocks."""
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    units = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    return rows, units, rows[:, None], units[None, :], (rows[:, None] < batch) & (units[None, :] < half)
+def _tile(rows, unit0, BLOCK_J: tl.constexpr, batch, half):
+    """The units of a tile of ``rows`` from unit ``unit0`` on, and (row, unit, valid) as 2-D blocks."""
+    units = unit0 + tl.arange(0, BLOCK_J)
+    return units, rows[:, None], units[None, :], (rows[:, None] < batch) & (units[None, :] < half)
 
 
 @triton.jit
@@ -308,11 +305,12 @@ def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, 
                       BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     """s = σ(read · w_zrᵀ + p_zr) ([z | r], [batch, 2·half]) and rh = r·read, the input of g's product: the
     product and its activations in one launch, a tile of rows and units per program."""
-    rows, units, b, j, ok = _tile(BLOCK_B, BLOCK_J, batch, half)
-    pre_z = _linear_tile(read_ptr, read_rs, w_ptr, w_os, w_ks, rows, units, batch, half, half, BLOCK_B, BLOCK_J,
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    units, b, j, ok = _tile(rows, tl.program_id(1) * BLOCK_J, BLOCK_J, batch, half)
+    zeros = tl.zeros((BLOCK_B, BLOCK_J), dtype=tl.float32)
+    pre_z = _linear_tile(zeros, read_ptr, read_rs, w_ptr, w_os, w_ks, rows, units, batch, half, half, BLOCK_K)
+    pre_r = _linear_tile(zeros, read_ptr, read_rs, w_ptr + half * w_os, w_os, w_ks, rows, units, batch, half, half,
                          BLOCK_K)
-    pre_r = _linear_tile(read_ptr, read_rs, w_ptr + half * w_os, w_os, w_ks, rows, units, batch, half, half, BLOCK_B,
-                         BLOCK_J, BLOCK_K)
     sz = _sigmoid(pre_z + tl.load(p_ptr + b * p_rs + j, mask=ok, other=0.0))
     sr = _sigmoid(pre_r + tl.load(p_ptr + b * p_rs + half + j, mask=ok, other=0.0))
     tl.store(s_ptr + b * 2 * half + j, sz, mask=ok)
@@ -372,22 +370,36 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
 
 
 @triton.jit
-def _gru_read_grad_kernel(grad_g_ptr, grad_g_rs, w_ptr, w_os, w_ks, read_ptr, read_rs, s_ptr, grad_r_ptr, grad_r_rs,
-                          grad_read_ptr, grad_read_rs, inputs_ptr, inputs_rs, inputs_ps, batch, half,
+def _gru_read_grad_kernel(grad_pre_ptr, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, w_zr_ptr, w_zr_os, w_zr_ks, read_ptr,
+                          read_rs, s_ptr, grad_read_ptr, grad_read_rs, inputs_ptr, inputs_rs, inputs_ps, batch, half,
                           BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
-    """grad_rh = grad_g · w_g (d loss / d r·h_j), then d loss / d r's pre-activation, r·grad_rh added to
-    d loss / d h_j, and h_j and r·h_j (as :func:`_gru_gates_kernel` computes it) copied into the weight-gradient
-    slots ``inputs`` (two planes, ``inputs_ps`` apart)."""
-    rows, units, b, j, ok = _tile(BLOCK_B, BLOCK_J, batch, half)
-    grad_rh = _linear_tile(grad_g_ptr, grad_g_rs, w_ptr, w_os, w_ks, rows, units, batch, half, half, BLOCK_B, BLOCK_J,
-                           BLOCK_K)
-    r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok, other=0.0)
-    read = tl.load(read_ptr + b * read_rs + j, mask=ok, other=0.0)
-    tl.store(grad_r_ptr + b * grad_r_rs + j, grad_rh * read * r * (1.0 - r), mask=ok)
-    grad_read = grad_read_ptr + b * grad_read_rs + j
-    tl.store(grad_read, tl.load(grad_read, mask=ok, other=0.0) + grad_rh * r, mask=ok)
-    tl.store(inputs_ptr + b * inputs_rs + j, read, mask=ok)
-    tl.store(inputs_ptr + inputs_ps + b * inputs_rs + j, r * read, mask=ok)
+    """d loss / d h_j of a RevGRU half from its pre-activation gradients ``grad_pre`` [z | r | g] (z's and g's
+    given): grad_rh = grad_g · w_g (d loss / d r·h_j), then d loss / d r's pre-activation into the r columns,
+    r·grad_rh + [grad_z | grad_r] · w_zr added to ``grad_read``, and h_j and r·h_j (as :func:`_gru_gates_kernel`
+    computes it) copied into the weight-gradient slots ``inputs`` (two planes, ``inputs_ps`` apart).
+
+    The last product needs grad_r of every unit of a row, so a program takes whole rows (BLOCK_B of them, all
+    units in BLOCK_J tiles): one launch where a tiled kernel and a product would be two."""
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    zeros = tl.zeros((BLOCK_B, BLOCK_J), dtype=tl.float32)
+    for unit0 in range(0, half, BLOCK_J):
+        units, b, j, ok = _tile(rows, unit0, BLOCK_J, batch, half)
+        grad_rh = _linear_tile(zeros, grad_pre_ptr + 2 * half, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, rows, units,
+                               batch, half, half, BLOCK_K)
+        r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok, other=0.0)
+        read = tl.load(read_ptr + b * read_rs + j, mask=ok, other=0.0)
+        tl.store(grad_pre_ptr + b * grad_pre_rs + half + j, grad_rh * read * r * (1.0 - r), mask=ok)
+        grad_read = grad_read_ptr + b * grad_read_rs + j
+        tl.store(grad_read, tl.load(grad_read, mask=ok, other=0.0) + grad_rh * r, mask=ok)
+        tl.store(inputs_ptr + b * inputs_rs + j, read, mask=ok)
+        tl.store(inputs_ptr + inputs_ps + b * inputs_rs + j, r * read, mask=ok)
+    tl.debug_barrier()  # the product below reads grad_r and grad_read that other threads of the program wrote
+    for unit0 in range(0, half, BLOCK_J):
+        units, b, j, ok = _tile(rows, unit0, BLOCK_J, batch, half)
+        grad_read = grad_read_ptr + b * grad_read_rs + j
+        total = _linear_tile(tl.load(grad_read, mask=ok, other=0.0), grad_pre_ptr, grad_pre_rs, w_zr_ptr, w_zr_os,
+                             w_zr_ks, rows, units, batch, half, 2 * half, BLOCK_K)
+        tl.store(grad_read, total, mask=ok)
 
 
 # ---------------------------------------------------------------------------- RevLSTM
@@ -520,14 +532,15 @@ def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: 
                               **launch_options(curr.numel()))
 
 
-@torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_r", "grad_read", "inputs"))
-def _gru_read_grad_op(grad_g: torch.Tensor, weight: torch.Tensor, read: torch.Tensor, s: torch.Tensor,
-                      grad_r: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
+@torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_pre", "grad_read", "inputs"))
+def _gru_read_grad_op(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g: torch.Tensor, read: torch.Tensor,
+                      s: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
     batch, half = read.shape
-    w = weight.t()  # grad_g · weight = products.linear(grad_g, weight.t())
-    _gru_read_grad_kernel[_tiles(batch, half)](*_rows(grad_g), w, *w.stride(), *_rows(read), s, *_rows(grad_r),
-                                               *_rows(grad_read), *_rows(inputs[0]), inputs.stride(0), batch, half,
-                                               **_TILE, **COMPILE_OPTIONS)
+    # grad_g · weight_g and grad_zr · weight_zr are products.linear(grad, weight.t()): the transposes' strides.
+    w_g, w_zr = weight_g.t(), weight_zr.t()
+    _gru_read_grad_kernel[(triton.cdiv(batch, _TILE["BLOCK_B"]),)](
+        *_rows(grad_pre), w_g, *w_g.stride(), w_zr, *w_zr.stride(), *_rows(read), s, *_rows(grad_read),
+        *_rows(inputs[0]), inputs.stride(0), batch, half, **_TILE, **COMPILE_OPTIONS)
 
 
 @torch.library.custom_op("revnmt_rnn::triton_lstm_push",
@@ -638,8 +651,8 @@ class TritonSteps(StepKernels):
         if pop:
             record_pops(words, groups)
 
-    def gru_read_grad(self, grad_g, weight, read, s, grad_r, grad_read, inputs):
-        _gru_read_grad_op(grad_g, weight, read, s, grad_r, grad_read, inputs)
+    def gru_read_grad(self, grad_pre, weight_zr, weight_g, read, s, grad_read, inputs):
+        _gru_read_grad_op(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         words = buf.words

@@ -161,16 +161,19 @@ def test_gru_gates_compute_their_product_and_activations(backend, rows, half):
 def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(backend, rows, half):
     torch.manual_seed(2)
     device = DEVICE if backend == "triton" else torch.device("cpu")
-    grad_pre, read, s = (torch.randn(rows, k * half, device=device) for k in (3, 1, 2))
-    grad_g, weight = grad_pre[:, 2 * half:], torch.randn(half, half, device=device) / half ** 0.5  # a slot's g columns
-    s = torch.sigmoid(s)
-    grad_rh = grad_g @ weight
-    grad_read, grad_r = torch.randn(rows, half, device=device), grad_pre[:, half: 2 * half]
+    read, s = torch.randn(rows, half, device=device), torch.sigmoid(torch.randn(rows, 2 * half, device=device))
+    grad_pre = torch.randn(rows, 4 * half, device=device)[:, half:]  # a slot's [z | r | g] columns, rows apart
+    weight_zr, weight_g = (torch.randn(k * half, half, device=device) / half ** 0.5 for k in (2, 1))
+    grad_read = torch.randn(rows, half, device=device)
     inputs = torch.empty(4, rows, half, device=device)[1:3]  # the half's two slots of a step: h_j and r·h_j
-    want_read = grad_read + grad_rh * s[:, half:]
-    step_kernels(backend).gru_read_grad(grad_g, weight, read, s, grad_r, grad_read, inputs)
+    grad_z, grad_g = grad_pre[:, :half].clone(), grad_pre[:, 2 * half:].clone()
     r = s[:, half:]
-    torch.testing.assert_close(grad_r, grad_rh * read * r * (1 - r))
+    grad_rh = grad_g @ weight_g
+    grad_r = grad_rh * read * r * (1 - r)
+    want_read = grad_read + grad_rh * r + torch.cat([grad_z, grad_r], 1) @ weight_zr
+    step_kernels(backend).gru_read_grad(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
+    torch.testing.assert_close(grad_pre[:, half: 2 * half], grad_r)
+    assert torch.equal(grad_pre[:, :half], grad_z) and torch.equal(grad_pre[:, 2 * half:], grad_g)  # read only
     torch.testing.assert_close(grad_read, want_read)
     assert torch.equal(inputs[0], read) and torch.equal(inputs[1], r * read)  # r·h_j as the gates kernel makes it
 
