@@ -130,6 +130,12 @@ class InformationBuffer:
         """Host reads of the stack height so far (see :mod:`buffers.words`)."""
         return self.words.syncs
 
+    def reserve_pushes(self, pushes: int) -> None:
+        """Make room in the overflow-flag log for ``pushes`` more pushes at once: a caller that knows how many
+        it will make (a sweep knows its length) saves the log's doublings, a copy each. The flags are a byte per
+        push; the words are still sized as they fill."""
+        self.words.reserve_flags(pushes)
+
     def check(self) -> None:
         """Raise bad input recorded on the device since the last check (one host read)."""
         self.words.check()

@@ -156,6 +156,12 @@ class WordStack:
         if after > self.flags.shape[0]:
             self.flags = _grow(self.flags, max(after, 2 * self.flags.shape[0]))
 
+    def reserve_flags(self, pushes: int) -> None:
+        """Room in the flag log for ``pushes`` more pushes, grown to exactly that (:meth:`reserve` doubles)."""
+        after = len(self._widths) + pushes
+        if after > self.flags.shape[0]:
+            self.flags = _grow(self.flags, after)
+
     # ------------------------------------------------------------------ records
 
     def record_push(self, widths: list[int], lost: torch.Tensor | float) -> None:

@@ -425,10 +425,10 @@ class RevGRUCell(RevCell):
         """Per half the gates kernel (with the z, r product), the g product and the update kernel (which also
         makes the float copy the next half reads)."""
         h, out = self._split(state), torch.empty_like(state)
-        read = to_float(h[1])
+        read = h[1]  # the int state: the gates kernel converts it
         for i, new in zip((0, 1), self._split(out)):
             col = self._half_start(i)
-            rh = torch.empty_like(read)
+            rh = torch.empty(read.shape, device=read.device)
             s = kernels.gru_gates(read, weights.recurrent[2 * i], p, col, rh)
             read = kernels.gru_push(buf, h[i], products.linear(rh, weights.recurrent[2 * i + 1]), p,
                                     col + 2 * self.half, s, mask, self._stored(i, stored), self.max_forget_bits, new)
@@ -462,22 +462,22 @@ class RevGRUCell(RevCell):
 
     def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, p, ints, grads, buf, mask,
                             restore, prevs, slot, read, gates):
-        """:meth:`_reverse_half` by fused kernels, from ``read`` (the float h_j, or None to convert it); the
-        gates come from ``gates`` where it has them (and go there where it lacks them). Returns the float
-        copy of the previous h_i for half 1, which half 0 reads."""
-        read = to_float(ints[1 - i]) if read is None else read
+        """:meth:`_reverse_half` by fused kernels, from ``read`` (the float h_j, or None: the int state, which the
+        kernels convert); the gates come from ``gates`` where it has them (and go there where it lacks them).
+        Returns the float copy of the previous h_i for half 1, which half 0 reads."""
+        read = ints[1 - i] if read is None else read
         col = self._half_start(i)
         if gates is not None and i in gates:
             s, pre_g = gates[i]
         else:
-            rh = torch.empty_like(read)
+            rh = torch.empty(read.shape, device=read.device)
             s = kernels.gru_gates(read, weights.recurrent[2 * i], p, col, rh)
             pre_g = products.linear(rh, weights.recurrent[2 * i + 1])
             if gates is not None:
                 gates[i] = s, pre_g
         grad_pre = None if grads is None else self._half_projection(slot[0], i)
         grad_z, _, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
-        prev_float = torch.empty_like(read) if i == 1 else None
+        prev_float = torch.empty(read.shape, device=read.device) if i == 1 else None
         kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits, restore,
                             prevs[i], None if grads is None else grads[i], grad_z, grad_g, prev_float)
         ints[i] = prevs[i]

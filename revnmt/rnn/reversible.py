@@ -269,8 +269,9 @@ class ReversibleRNN(nn.Module):
         """Integer zeros for every layer."""
         return [torch.zeros(batch, self.state_size, dtype=torch.int32, device=device) for _ in self.cells]
 
-    def new_buffer(self, batch: int, device: torch.device) -> InformationBuffer:
-        """The information buffer a forward sweep over ``batch`` rows pushes onto.
+    def new_buffer(self, batch: int, device: torch.device, steps: int = 0) -> InformationBuffer:
+        """The information buffer a forward sweep over ``batch`` rows (and ``steps`` steps, if known: its push
+        log is then sized once) pushes onto.
 
         The buffer has ``buffer_lanes`` lanes per batch row, and the rows share them: a half's
         columns of all rows are folded onto all the lanes in ⌈(H/2) / buffer_lanes⌉ chunks (the
@@ -281,8 +282,11 @@ class ReversibleRNN(nn.Module):
         """
         half = self.cells[0].half
         lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
-        return InformationBuffer(batch, lanes, device, self.max_forget_bits, backend=self.buffer_backend,
-                                 share_rows=True, eager_checks=self.eager_checks)
+        buffer = InformationBuffer(batch, lanes, device, self.max_forget_bits, backend=self.buffer_backend,
+                                   share_rows=True, eager_checks=self.eager_checks)
+        groups = sum(2 * cell.groups_per_half for cell in self.cells)  # buffered updates per step
+        buffer.reserve_pushes(steps * groups * len(buffer.words.update_widths(half, 0)))
+        return buffer
 
     def lanes_on(self, device: torch.device) -> int:
         """The lanes asked for, or the default of the backend the buffer uses on ``device``."""
@@ -348,7 +352,7 @@ class ReversibleRNN(nn.Module):
             raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
         device = mask.device
         states = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
-        buffer = self.new_buffer(batch, device) if reversible else None
+        buffer = self.new_buffer(batch, device, steps) if reversible else None
         tape = Tape(states=states, initial=[s.clone() for s in states], buffer=buffer,
                     mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
                     slices=None, guard=None if reversible else OverflowGuard(device))

@@ -51,7 +51,8 @@ class StepKernels(ABC):
     def gru_gates(self, read: torch.Tensor, weight: torch.Tensor, p: torch.Tensor, col: int,
                   rh: torch.Tensor) -> torch.Tensor:
         """σ(read · weightᵀ + p[:, col: col + 2H]), [z | r] (z before its limit), returned [B, 2H], and r·h_j
-        (``read`` is h_j) written into ``rh``. ``weight``: the z and r rows' recurrent columns [2H, H]."""
+        written into ``rh``. ``read`` is h_j, float32 or the int32 state (then converted as ``to_float`` does,
+        inside the kernel where it can); ``weight``: the z and r rows' recurrent columns [2H, H]."""
 
     @abstractmethod
     def gru_push(self, buf: InformationBuffer, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor, col: int,
@@ -76,7 +77,8 @@ class StepKernels(ABC):
         ``grad_pre`` [B, 3H] = [z | r | g] (z's and g's written by :meth:`gru_reverse`): through
         d loss / d (r·h_j) = grad_g · ``weight_g`` write r's into the r columns, then add r·grad_rh and
         [grad_z | grad_r] · ``weight_zr`` (the recurrent columns, [2H, H] and [H, H]); copy the half's recurrent
-        inputs, h_j (``read``) and r·h_j, into ``inputs`` [2, B, H] (the step's weight-gradient slots)."""
+        inputs, h_j (``read``, float32 or int32 as in :meth:`gru_gates`) and r·h_j, into ``inputs`` [2, B, H] (the
+        step's weight-gradient slots)."""
 
     @abstractmethod
     def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,

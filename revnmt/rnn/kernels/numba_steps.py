@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from buffers import to_float
 from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms, push_terms, word_arrays
 from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
 from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT, WordStack
@@ -352,6 +353,11 @@ def _limit(max_bits: int | None) -> tuple[np.float32, int]:
     return np.float32(forget_multiplier(max_bits)), min_forget_numerator(max_bits)
 
 
+def _float(read: torch.Tensor) -> torch.Tensor:
+    """h_j as float32: an int32 state converted (``to_float``), a float one as it is."""
+    return to_float(read) if read.dtype == torch.int32 else read
+
+
 def _restore_array(restore: torch.Tensor | None, rows: int) -> np.ndarray:
     return np.empty((rows, 0), np.int32) if restore is None else restore.numpy()
 
@@ -362,6 +368,7 @@ class NumbaSteps(StepKernels):
     name = "numba"
 
     def gru_gates(self, read, weight, p, col, rh):
+        read = _float(read)
         pre_zr = products.linear(read, weight)
         s = torch.empty_like(pre_zr)
         gru_gates(pre_zr.numpy(), p.numpy(), col, read.numpy(), s.numpy(), rh.numpy())
@@ -397,7 +404,7 @@ class NumbaSteps(StepKernels):
             _write_float(prev.numpy(), prev_float.numpy())
 
     def gru_read_grad(self, grad_pre, weight_zr, weight_g, read, s, grad_read, inputs):
-        half = read.shape[1]
+        half, read = read.shape[1], _float(read)
         grad_rh = products.linear(grad_pre[:, 2 * half:], weight_g.t())
         gru_read_grad(grad_rh.numpy(), read.numpy(), s.numpy(), grad_pre[:, half: 2 * half].numpy(), grad_read.numpy(),
                       inputs.numpy())

@@ -106,6 +106,15 @@ def _to_float(v):
 
 
 @triton.jit
+def _as_float(v):
+    """A loaded h_j as float32: the int32 state converted as ``to_float`` does (so no launch converts it
+    beforehand), a float as it is. The dtype is known when the kernel compiles: one branch is compiled."""
+    if v.dtype == tl.int32:
+        v = _to_float(v)
+    return v
+
+
+@triton.jit
 def _restrict(s, slope):
     """``buffers.restrict_forget``: σ mapped into [2^-k, 1]."""
     return slope * s + (1.0 - slope)
@@ -285,8 +294,8 @@ def _linear_tile(acc, x_ptr, x_rs, w_ptr, w_os, w_ks, rows, outs, batch, n_out, 
     calls this with the same blocks, which is what the reverse needs."""
     for k0 in range(0, inner, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * x_rs + ks[None, :], mask=(rows[:, None] < batch) & (ks[None, :] < inner),
-                    other=0.0)
+        x = _as_float(tl.load(x_ptr + rows[:, None] * x_rs + ks[None, :],
+                              mask=(rows[:, None] < batch) & (ks[None, :] < inner), other=0))
         w = tl.load(w_ptr + outs[None, :] * w_os + ks[:, None] * w_ks,
                     mask=(outs[None, :] < n_out) & (ks[:, None] < inner), other=0.0)
         acc = tl.dot(x, w, acc, input_precision="ieee")
@@ -304,7 +313,8 @@ def _tile(rows, unit0, BLOCK_J: tl.constexpr, batch, half):
 def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, rh_ptr, rh_rs, batch, half,
                       BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     """s = σ(read · w_zrᵀ + p_zr) ([z | r], [batch, 2·half]) and rh = r·read, the input of g's product: the
-    product and its activations in one launch, a tile of rows and units per program."""
+    product and its activations in one launch, a tile of rows and units per program. ``read`` (h_j) may be the
+    int32 state: it is converted as it is loaded."""
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     units, b, j, ok = _tile(rows, tl.program_id(1) * BLOCK_J, BLOCK_J, batch, half)
     zeros = tl.zeros((BLOCK_B, BLOCK_J), dtype=tl.float32)
@@ -315,7 +325,7 @@ def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, 
     sr = _sigmoid(pre_r + tl.load(p_ptr + b * p_rs + half + j, mask=ok, other=0.0))
     tl.store(s_ptr + b * 2 * half + j, sz, mask=ok)
     tl.store(s_ptr + b * 2 * half + half + j, sr, mask=ok)
-    tl.store(rh_ptr + b * rh_rs + j, sr * tl.load(read_ptr + b * read_rs + j, mask=ok, other=0.0), mask=ok)
+    tl.store(rh_ptr + b * rh_rs + j, sr * _as_float(tl.load(read_ptr + b * read_rs + j, mask=ok, other=0)), mask=ok)
 
 
 @triton.jit
@@ -376,7 +386,8 @@ def _gru_read_grad_kernel(grad_pre_ptr, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, w_
     """d loss / d h_j of a RevGRU half from its pre-activation gradients ``grad_pre`` [z | r | g] (z's and g's
     given): grad_rh = grad_g · w_g (d loss / d r·h_j), then d loss / d r's pre-activation into the r columns,
     r·grad_rh + [grad_z | grad_r] · w_zr added to ``grad_read``, and h_j and r·h_j (as :func:`_gru_gates_kernel`
-    computes it) copied into the weight-gradient slots ``inputs`` (two planes, ``inputs_ps`` apart).
+    computes it) copied into the weight-gradient slots ``inputs`` (two planes, ``inputs_ps`` apart). ``read``
+    may be the int32 state, as in the gates kernel.
 
     The last product needs grad_r of every unit of a row, so a program takes whole rows (BLOCK_B of them, all
     units in BLOCK_J tiles): one launch where a tiled kernel and a product would be two."""
@@ -387,7 +398,7 @@ def _gru_read_grad_kernel(grad_pre_ptr, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, w_
         grad_rh = _linear_tile(zeros, grad_pre_ptr + 2 * half, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, rows, units,
                                batch, half, half, BLOCK_K)
         r = tl.load(s_ptr + b * 2 * half + half + j, mask=ok, other=0.0)
-        read = tl.load(read_ptr + b * read_rs + j, mask=ok, other=0.0)
+        read = _as_float(tl.load(read_ptr + b * read_rs + j, mask=ok, other=0))
         tl.store(grad_pre_ptr + b * grad_pre_rs + half + j, grad_rh * read * r * (1.0 - r), mask=ok)
         grad_read = grad_read_ptr + b * grad_read_rs + j
         tl.store(grad_read, tl.load(grad_read, mask=ok, other=0.0) + grad_rh * r, mask=ok)
@@ -622,7 +633,7 @@ class TritonSteps(StepKernels):
     name = "triton"
 
     def gru_gates(self, read, weight, p, col, rh):
-        s = torch.empty(read.shape[0], 2 * read.shape[1], dtype=read.dtype, device=read.device)
+        s = torch.empty(read.shape[0], 2 * read.shape[1], device=read.device)
         _gru_gates_op(read, weight, _columns(p, col, s), s, rh)
         return s
 

@@ -217,6 +217,17 @@ def test_lanes_default_to_few_on_cpu_and_evenly_loaded():
     assert ReversibleRNN("revgru", 4, 300, buffer_lanes=16).new_buffer(2, torch.device("cpu")).units == 15
 
 
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_a_sweep_sizes_its_push_log_once(cell):
+    # The forward sweep knows its length: the buffer's flag log (a byte per push) is sized for all its pushes at
+    # the start, not doubled as it fills (on a GPU each doubling is an allocation and a copy).
+    torch.manual_seed(0)
+    rnn = ReversibleRNN(cell, 4, 12, num_layers=2, buffer_lanes=2)
+    steps, batch = 7, 3
+    tape = rnn.forward_sweep(TensorInput(torch.randn(steps, batch, 4)), torch.ones(steps, batch, dtype=torch.bool))
+    assert tape.buffer.words.flags.shape[0] == tape.buffer.pushes > 64  # exactly, and past the initial log
+
+
 def test_stored_slice_columns_skip_the_buffer():
     torch.manual_seed(0)
     x, mask = torch.randn(12, 4, IN), _mask(12, [12, 9, 5, 1])

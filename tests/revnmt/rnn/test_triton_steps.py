@@ -143,25 +143,38 @@ def test_gru_kernels_make_the_torch_references_integers():
     assert ours.is_empty() and ref.is_empty()
 
 
+def _h_j(rows, half, device, int_state):
+    """A half's h_j as the kernels may take it: float, or a column block of an int32 state (and its floats)."""
+    if not int_state:
+        read = torch.randn(rows, half, device=device)
+        return read, read
+    state = torch.randint(-(1 << 24), 1 << 24, (rows, 3 * half), dtype=torch.int32, device=device)
+    return state[:, half: 2 * half], to_float(state[:, half: 2 * half])
+
+
+@pytest.mark.parametrize("int_state", [False, True])
 @pytest.mark.parametrize("rows, half", [(B, H), (37, 70)])  # one tile; several tiles, inner blocks and a ragged edge
 @pytest.mark.parametrize("backend", ["numba", "triton"])
-def test_gru_gates_compute_their_product_and_activations(backend, rows, half):
+def test_gru_gates_compute_their_product_and_activations(backend, rows, half, int_state):
     torch.manual_seed(3)
     device = DEVICE if backend == "triton" else torch.device("cpu")
-    read, weight = torch.randn(rows, half, device=device), torch.randn(2 * half, half, device=device) / half ** 0.5
+    read, h_j = _h_j(rows, half, device, int_state)
+    weight = torch.randn(2 * half, half, device=device) / half ** 0.5
     p = torch.randn(rows, 6 * half, device=device)[:, 1:]  # a projection whose rows are not contiguous with its width
     rh = torch.empty(rows, half, device=device)
     s = step_kernels(backend).gru_gates(read, weight, p, 2, rh)
-    torch.testing.assert_close(s, torch.sigmoid(read @ weight.t() + p[:, 2: 2 + 2 * half]))
-    assert torch.equal(rh, s[:, half:] * read)  # r·h_j from the gates the kernel returns
+    torch.testing.assert_close(s, torch.sigmoid(h_j @ weight.t() + p[:, 2: 2 + 2 * half]))
+    assert torch.equal(rh, s[:, half:] * h_j)  # r·h_j from the gates the kernel returns
 
 
+@pytest.mark.parametrize("int_state", [False, True])
 @pytest.mark.parametrize("rows, half", [(B, H), (37, 70)])
 @pytest.mark.parametrize("backend", ["numba", "triton"])
-def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(backend, rows, half):
+def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(backend, rows, half, int_state):
     torch.manual_seed(2)
     device = DEVICE if backend == "triton" else torch.device("cpu")
-    read, s = torch.randn(rows, half, device=device), torch.sigmoid(torch.randn(rows, 2 * half, device=device))
+    read, h_j = _h_j(rows, half, device, int_state)
+    s = torch.sigmoid(torch.randn(rows, 2 * half, device=device))
     grad_pre = torch.randn(rows, 4 * half, device=device)[:, half:]  # a slot's [z | r | g] columns, rows apart
     weight_zr, weight_g = (torch.randn(k * half, half, device=device) / half ** 0.5 for k in (2, 1))
     grad_read = torch.randn(rows, half, device=device)
@@ -169,13 +182,13 @@ def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(
     grad_z, grad_g = grad_pre[:, :half].clone(), grad_pre[:, 2 * half:].clone()
     r = s[:, half:]
     grad_rh = grad_g @ weight_g
-    grad_r = grad_rh * read * r * (1 - r)
+    grad_r = grad_rh * h_j * r * (1 - r)
     want_read = grad_read + grad_rh * r + torch.cat([grad_z, grad_r], 1) @ weight_zr
     step_kernels(backend).gru_read_grad(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
     torch.testing.assert_close(grad_pre[:, half: 2 * half], grad_r)
     assert torch.equal(grad_pre[:, :half], grad_z) and torch.equal(grad_pre[:, 2 * half:], grad_g)  # read only
     torch.testing.assert_close(grad_read, want_read)
-    assert torch.equal(inputs[0], read) and torch.equal(inputs[1], r * read)  # r·h_j as the gates kernel makes it
+    assert torch.equal(inputs[0], h_j) and torch.equal(inputs[1], r * h_j)  # r·h_j as the gates kernel makes it
 
 
 def test_lstm_kernels_make_the_torch_references_integers():
@@ -332,14 +345,18 @@ _COMPILE = textwrap.dedent("""
     variants += [(kernel, dict(walk, POP=pop, DIFF=diff))
                  for kernel in (ts._gru_reverse_kernel, ts._lstm_reverse_kernel)
                  for pop, diff in ((True, True), (True, False), (False, True))]
+    # The tiled kernels also take h_j as the int32 state (converted as they load it).
+    typed = [(kernel, values, {}) for kernel, values in variants]
+    typed += [(kernel, ts._TILE, {"read_ptr": "*i32"}) for kernel in with_products]
     for arch in map(int, sys.argv[1:]):
-        for kernel, values in variants:
-            signature = {name: "constexpr" if name in values else arg_type(name) for name in kernel.arg_names}
+        for kernel, values, types in typed:
+            signature = {name: "constexpr" if name in values else types.get(name, arg_type(name))
+                         for name in kernel.arg_names}
             compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
                                       options=options)
             assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
             assert kernel in with_products or "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
-            print(f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))}: "
+            print(f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))} {types}: "
                   f"{len(compiled.asm['cubin'])} bytes of cubin")
 """)
 
@@ -352,4 +369,4 @@ def test_step_kernels_compile_for_the_gpu(arch):
     result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count(f"sm_{arch}") == 10
+    assert result.stdout.count(f"sm_{arch}") == 12
