@@ -211,12 +211,15 @@ class RevCell(nn.Module):
     @torch.no_grad()
     def reverse_diff(self, p: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, buf: InformationBuffer,
                      mask: torch.Tensor, restore: torch.Tensor | None = None, weights: SweepWeights | None = None,
-                     collect: RecurrentGrads | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     collect: RecurrentGrads | None = None, grad_out: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of training by reversal: undo the step that produced ``state`` and backpropagate it.
 
         ``grad`` is d loss / d ``state`` (real values), updated in place into d loss / d previous state (a
-        copy per step would be one more launch on a GPU). Returns the exact previous int state,
-        d loss / d previous state (``grad``) and d loss / d ``p``; recurrent weight gradients accumulate in
+        copy per step would be one more launch on a GPU); ``grad_out``, d loss / d the step's output
+        (:meth:`output`) from outside the layer, is added to it (by the fused kernels as they read it).
+        Returns the exact previous int state, d loss / d previous state (``grad``) and d loss / d ``p``;
+        recurrent weight gradients accumulate in
         ``.grad`` (through ``collect``, a chunk of steps per product, else at once; d loss / d ``p`` is
         then a view into the chunk, overwritten a chunk of steps later). ``weights``: the sweep's
         (:class:`SweepWeights`), those of the forward sweep's :meth:`forward_int`. The gates that
@@ -226,7 +229,8 @@ class RevCell(nn.Module):
         h1; its gradient on h1 joins ``grad`` before half 1 is backpropagated. It is
         :meth:`reverse_int` and :meth:`backward_step` in one pass, with the gates computed once.
         """
-        return self._reverse(p, state, buf, mask, restore, None, grad, weights, collect, buf.backend.name)
+        return self._reverse(p, state, buf, mask, restore, None, grad, weights, collect, buf.backend.name,
+                             grad_out=grad_out)
 
     @torch.no_grad()
     def reverse_int(self, p: torch.Tensor, state: torch.Tensor, buf: InformationBuffer, mask: torch.Tensor,
@@ -239,18 +243,21 @@ class RevCell(nn.Module):
     @torch.no_grad()
     def backward_step(self, p: torch.Tensor, prev: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
                       mask: torch.Tensor, backend: str = "torch", weights: SweepWeights | None = None,
-                      collect: RecurrentGrads | None = None, gates: HalfGates | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      collect: RecurrentGrads | None = None, gates: HalfGates | None = None,
+                      grad_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Backpropagate the step ``prev`` → ``state`` (both exact int states; no buffer): returns
         d loss / d ``prev`` (``grad``, updated in place as in :meth:`reverse_diff`) and d loss / d ``p`` from
-        ``grad`` = d loss / d ``state``, recurrent weight gradients accumulating as in :meth:`reverse_diff`.
+        ``grad`` = d loss / d ``state`` (and ``grad_out``), recurrent weight gradients accumulating as in
+        :meth:`reverse_diff`.
         ``backend`` (a resolved buffer backend name, ``buf.backend.name``) picks the gate code, so that the
         gradients are those of :meth:`reverse_diff`; ``gates``, those :meth:`reverse_int` kept of this step,
         spare recomputing them."""
-        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, collect, backend, gates)
+        _, grad_prev, grad_p = self._reverse(p, state, None, mask, None, prev, grad, weights, collect, backend, gates,
+                                             grad_out)
         return grad_prev, grad_p
 
-    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, collect, backend, gates=None):
+    def _reverse(self, p, state, buf, mask, restore, prev, grad, weights, collect, backend, gates=None,
+                 grad_out=None):
         """The reverse step: pop from ``buf`` (``prev`` None) or take ``prev``, and backpropagate (``grad`` given).
 
         The halves are popped into the views of one new state and their gradients updated in place in
@@ -266,14 +273,17 @@ class RevCell(nn.Module):
         slot = None if grads is None else collect.next_step()
         if kernels is not None and weights is None:
             weights = SweepWeights(self)
+        if kernels is None and grad_out is not None:
+            grad[:, : self.hidden_size].add_(grad_out)
         read = None
         for i in (1, 0):
             if kernels is None:
                 self._reverse_half(i, p, ints, grads, self._group(buf, mask, None), self._restore(i, restore),
                                    prevs, slot)
             else:
+                extra = None if grad_out is None else grad_out[:, i * self.half: (i + 1) * self.half]
                 read = self._reverse_half_fused(kernels, weights, i, p, ints, grads, buf, mask,
-                                                self._restore(i, restore), prevs, slot, read, gates)
+                                                self._restore(i, restore), prevs, slot, read, gates, extra)
         if grads is not None:
             collect.step_done()
         return popped, grad, None if slot is None else slot[0]
@@ -461,10 +471,11 @@ class RevGRUCell(RevCell):
         grads[1 - i].add_(torch.mm(grad_pre[:, : 2 * self.half], self._recurrent_weight(self.zr[i]))).add_(grad_rh * r)
 
     def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, p, ints, grads, buf, mask,
-                            restore, prevs, slot, read, gates):
+                            restore, prevs, slot, read, gates, extra):
         """:meth:`_reverse_half` by fused kernels, from ``read`` (the float h_j, or None: the int state, which the
-        kernels convert); the gates come from ``gates`` where it has them (and go there where it lacks them).
-        Returns the float copy of the previous h_i for half 1, which half 0 reads."""
+        kernels convert); the gates come from ``gates`` where it has them (and go there where it lacks them);
+        ``extra``: d loss / d the new h_i from outside, or None. Returns the float copy of the previous h_i for
+        half 1, which half 0 reads."""
         read = ints[1 - i] if read is None else read
         col = self._half_start(i)
         if gates is not None and i in gates:
@@ -479,7 +490,7 @@ class RevGRUCell(RevCell):
         grad_z, _, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
         prev_float = torch.empty(read.shape, device=read.device) if i == 1 else None
         kernels.gru_reverse(buf, ints[i], pre_g, p, col + 2 * self.half, s, mask, self.max_forget_bits, restore,
-                            prevs[i], None if grads is None else grads[i], grad_z, grad_g, prev_float)
+                            prevs[i], None if grads is None else grads[i], grad_z, grad_g, prev_float, extra)
         ints[i] = prevs[i]
         if grads is not None:
             kernels.gru_read_grad(grad_pre, weights.recurrent[2 * i], weights.recurrent[2 * i + 1], read, s,
@@ -577,7 +588,7 @@ class RevLSTMCell(RevCell):
         grads[1 - i].add_(torch.mm(grad_pre, self._recurrent_weight(self.gates[i])))
 
     def _reverse_half_fused(self, kernels: StepKernels, weights: SweepWeights, i, proj, ints, grads, buf, mask,
-                            restore, prevs, slot, read, gates):
+                            restore, prevs, slot, read, gates, extra):
         """:meth:`_reverse_half` by one product and one fused kernel (see RevGRUCell; the gates kept are the
         product)."""
         h, c = i, 2 + i
@@ -593,7 +604,7 @@ class RevLSTMCell(RevCell):
         prev_float = torch.empty_like(read) if i == 1 else None
         kernels.lstm_reverse(buf, ints[h], ints[c], pre, proj, self._half_start(i), mask, self.max_forget_bits, restore,
                              (prevs[h], prevs[c]), grad, grad_pre, read, None if slot is None else slot[1][i],
-                             prev_float)
+                             prev_float, extra)
         ints[h], ints[c] = prevs[h], prevs[c]
         if grads is not None:
             products.accumulate(grads[1 - i], grad_pre, weights.recurrent[i].t())

@@ -420,16 +420,15 @@ class ReversibleRNN(nn.Module):
         recurrent = [RecurrentGrads(cell, batch, chunk, device) for cell in self.cells]
         if output_grads is None or self.chunk_steps == 1:  # undo and backpropagate each step at once
             for t in reversed(range(steps)):
+                g_out = None
                 if output_grads is not None:
                     g_out = output_grads(slice(t, t + 1), self.cells[-1].output(tape.states[-1])[None])
-                    if g_out is not None:
-                        grads[-1][:, : self.hidden_size].add_(g_out[0])
                 self._add_slice_grad(grads, slice_grad, t)
                 for layer in reversed(range(self.num_layers)):
                     p, x = self._projection(layer, t, projection, weights, tape.states[layer - 1], tape.dropout)
                     tape.states[layer], grads[layer], p_grad = self.cells[layer].reverse_diff(
                         p, tape.states[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),
-                        weights[layer], recurrent[layer])
+                        weights[layer], recurrent[layer], self._top_grad(layer, g_out, 0))
                     self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
         else:
             self._reverse_chunks(tape, projection, weights, recurrent, grads, output_grads, slice_grad)
@@ -467,8 +466,6 @@ class ReversibleRNN(nn.Module):
             del outs
             # 3. Backpropagate the steps through the held states; undo and backpropagate the first at once.
             for t in reversed(chunk):
-                if g_out is not None:
-                    grads[-1][:, : self.hidden_size].add_(g_out[t - start])
                 self._add_slice_grad(grads, slice_grad, t)
                 now = after[t - start]
                 for layer in reversed(range(self.num_layers)):
@@ -477,11 +474,12 @@ class ReversibleRNN(nn.Module):
                     if t > start:
                         grads[layer], p_grad = cell.backward_step(
                             p, after[t - start - 1][layer], now[layer], grads[layer], tape.mask[t], backend,
-                            weights[layer], recurrent[layer], gates[t - start - 1][layer])
+                            weights[layer], recurrent[layer], gates[t - start - 1][layer],
+                            self._top_grad(layer, g_out, t - start))
                     else:
                         tape.states[layer], grads[layer], p_grad = cell.reverse_diff(
                             p, now[layer], grads[layer], tape.buffer, tape.mask[t], self._restore(layer, t, tape),
-                            weights[layer], recurrent[layer])
+                            weights[layer], recurrent[layer], self._top_grad(layer, g_out, t - start))
                     self._backward_input(layer, t, projection, weights, x, p_grad, grads, tape.dropout)
 
     def _restore(self, layer: int, t: int, tape: Tape) -> torch.Tensor | None:
@@ -489,6 +487,10 @@ class ReversibleRNN(nn.Module):
         if not self._stored(layer):
             return None
         return tape.slices[t - 1] if t > 0 else tape.initial[layer][:, : self.slice_dim]
+
+    def _top_grad(self, layer: int, g_out: torch.Tensor | None, k: int) -> torch.Tensor | None:
+        """The output gradient ``g_out[k]`` for the top layer's reverse step (its kernels add it), else None."""
+        return g_out[k] if g_out is not None and layer == self.num_layers - 1 else None
 
     def _add_slice_grad(self, grads: list[torch.Tensor], slice_grad: torch.Tensor | None, t: int) -> None:
         if slice_grad is not None:

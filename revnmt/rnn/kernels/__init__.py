@@ -41,8 +41,9 @@ class StepKernels(ABC):
     the stored columns' previous values, over its first columns), while without one (``buf=None``)
     ``prev`` holds the exact previous half and nothing is popped; ``grad=None`` skips the derivative, otherwise
     ``grad`` (d loss / d new half, updated in place into d loss / d previous half) is backpropagated
-    into the pre-activation gradients. A reverse kernel given ``prev_float`` also writes the float copy
-    of the previous h there: the next half's recurrent input, which then needs no conversion of its own.
+    into the pre-activation gradients; ``extra`` (d loss / d the half's output h, from outside the layer: a
+    decoder's loss) is added to d loss / d new h first. A reverse kernel given ``prev_float`` also writes the
+    float copy of the previous h there: the next half's recurrent input, which then needs no conversion of its own.
     """
 
     name: str
@@ -66,7 +67,8 @@ class StepKernels(ABC):
                     col: int,
                     s: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
                     prev: torch.Tensor, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
-                    grad_g: torch.Tensor | None, prev_float: torch.Tensor | None = None) -> None:
+                    grad_g: torch.Tensor | None, prev_float: torch.Tensor | None = None,
+                    extra: torch.Tensor | None = None) -> None:
         """Undo :meth:`gru_push` into ``prev`` (int32; see the class docstring); with ``grad``, write
         d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
 
@@ -92,7 +94,8 @@ class StepKernels(ABC):
                      prev: tuple[torch.Tensor, torch.Tensor],
                      grad: tuple[torch.Tensor, torch.Tensor] | None,
                      grad_pre: torch.Tensor | None, read: torch.Tensor | None = None,
-                     inputs: torch.Tensor | None = None, prev_float: torch.Tensor | None = None) -> None:
+                     inputs: torch.Tensor | None = None, prev_float: torch.Tensor | None = None,
+                     extra: torch.Tensor | None = None) -> None:
         """Undo :meth:`lstm_push` (h popped, then c) into ``prev`` = (h, c); with ``grad`` (d loss / d
         new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre`` and copy the half's
         recurrent input h_j (``read``) into ``inputs`` (its weight-gradient slot)."""

@@ -5,9 +5,11 @@ the products, each a pass over a [B, H] tensor and a trip through the dispatcher
 between two products is one loop over the batch that keeps its temporaries in registers: RevGRU's
 half is product, :func:`gru_gates`, product, :func:`gru_push` (in the reverse, :func:`gru_reverse`
 and, after the g product's backward, :func:`gru_read_grad`); RevLSTM's is one product and
-:func:`lstm_push` or :func:`lstm_reverse`. The integer part (quantize z, round u, push or pop the
-buffer, add, range checks) is the buffer's own code, :func:`buffers.backends.numba_loops.push_terms`
-and :func:`~buffers.backends.numba_loops.pop_terms`, so the words are those of the numba buffer.
+:func:`lstm_push` or :func:`lstm_reverse`. The products go through :mod:`revnmt.rnn.products`, some
+of them called by :class:`NumbaSteps` where the Triton kernels compute theirs inside. The integer
+part (quantize z, round u, push or pop the buffer, add, range checks) is the buffer's own code,
+:func:`buffers.backends.numba_loops.push_terms` and :func:`~buffers.backends.numba_loops.pop_terms`, so
+the words are those of the numba buffer.
 
 Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
 forward's bit for bit. Both kernels take their gates from the same inlined helpers
@@ -386,8 +388,10 @@ class NumbaSteps(StepKernels):
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
-                    prev_float=None):
+                    prev_float=None, extra=None):
         pop, diff = buf is not None, grad is not None
+        if extra is not None:  # a pass over the gradient of its own on a CPU, where that launches nothing
+            grad.add_(extra)
         stored = 0 if restore is None else restore.shape[1]
         if pop:
             words = buf.words
@@ -423,8 +427,10 @@ class NumbaSteps(StepKernels):
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
-                     inputs=None, prev_float=None):
+                     inputs=None, prev_float=None, extra=None):
         pop, diff = buf is not None, grad is not None
+        if extra is not None:
+            grad[0].add_(extra)
         stored = 0 if restore is None else restore.shape[1]
         if pop:
             words = buf.words

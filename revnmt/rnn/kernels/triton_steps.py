@@ -2,10 +2,15 @@
 
 On a GPU every op of a step is a kernel launch, and a reversible half-step written as torch ops
 (the cells' reference) is some thirty of them around its matrix products. Here each stretch between
-two products is one kernel: RevGRU's half is product, :func:`_gru_gates_kernel`, product,
-:func:`_gru_push_kernel` (in the reverse, :func:`_gru_reverse_kernel` and, after the g product's
-backward, :func:`_gru_read_grad_kernel`); RevLSTM's is one product and :func:`_lstm_push_kernel` or
-:func:`_lstm_reverse_kernel`.
+two products is one kernel, and a product that a tiled kernel can compute for itself is computed there
+(``tl.dot``, :func:`_linear_tile`): RevGRU's half is :func:`_gru_gates_kernel` (the z, r product and
+σ), g's product and :func:`_gru_push_kernel`; in the reverse, the gates kernel, g's product,
+:func:`_gru_reverse_kernel` and :func:`_gru_read_grad_kernel` (g's backward product, r's gradient and
+the z, r backward product, a program per block of whole rows). RevLSTM's is one product and
+:func:`_lstm_push_kernel` or :func:`_lstm_reverse_kernel`: its product feeds the buffer walk, which is one
+program, so it stays a cuBLAS product. The gates and read-gradient kernels take h_j as the int32 state
+and convert it as they load it; the reverse kernels add the output's loss gradient as they read the
+state's (``extra``), so neither costs a launch of its own.
 
 The push and pop kernels are the buffer's update kernel (:mod:`buffers.backends.triton_kernels`)
 with the gates computed inside it: one program walks the buffer's chunks in order, and each lane
@@ -25,7 +30,10 @@ and every kernel is compiled with FMA contraction off (``enable_fp_fusion=False`
 launch), so no kernel fuses a product and a sum that another rounds twice. The activations are the
 numba kernels' rational tanh and σ (:func:`_tanh`), multiplies, adds and a correctly rounded division
 (``div_rn``), no approximate ``exp``: each result is IEEE-rounded, so the kernels compute the same gates
-on a GPU as in Triton's interpreter, and as the numba kernels on the same products. They are not the
+on a GPU as in Triton's interpreter, and as the numba kernels on the same products. The products a
+kernel computes itself (RevGRU's z, r) are sums in ``tl.dot``'s own order, in IEEE float32 (no TF32),
+with one tile size for every kernel (``_TILE``): the same bits in both sweeps on one device, not the
+same as cuBLAS's or the interpreter's (numpy's). They are not the
 torch reference's to the last ulp, so the states of a run with fused kernels are their own; its
 reverse is exact all the same.
 
@@ -345,15 +353,16 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
 
 @triton.jit
 def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, restore_ptr, restore_rs,
-                        prev_ptr, prev_rs, float_ptr, grad_ptr, grad_rs, grad_z_ptr, grad_g_ptr, grad_zg_rs,
-                        curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                        prev_ptr, prev_rs, float_ptr, grad_ptr, grad_rs, extra_ptr, extra_rs, grad_z_ptr,
+                        grad_g_ptr, grad_zg_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                         batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
-                        POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
-                        ELEMENT_BLOCK: tl.constexpr):
+                        POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, EXTRA: tl.constexpr,
+                        LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
     backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``
-    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``). With FLOAT, the float
-    copy of ``prev`` goes to ``float_ptr``."""
+    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``); with EXTRA, ``extra`` (the
+    loss gradient of the step's output) is added to ``grad`` first. With FLOAT, the float copy of ``prev`` goes
+    to ``float_ptr``."""
     if POP:
         cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
         cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, float_ptr, restore_ptr, restore_rs,
@@ -370,7 +379,10 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
             z, u, g = _gru_terms(sz, tl.load(pre_g_ptr + b * pre_g_rs + j, mask=ok, other=0.0)
                                  + tl.load(p_g_ptr + b * p_g_rs + j, mask=ok, other=0.0), slope)
             zq, _, _ = _fixed_terms(z, u, live, ok, min_numerator)
-            grad, grad_u = _backward_update(tl.load(grad_ptr + b * grad_rs + j, mask=ok, other=0.0), zq, live)
+            grad = tl.load(grad_ptr + b * grad_rs + j, mask=ok, other=0.0)
+            if EXTRA:
+                grad += tl.load(extra_ptr + b * extra_rs + j, mask=ok, other=0.0)
+            grad, grad_u = _backward_update(grad, zq, live)
             tl.store(grad_ptr + b * grad_rs + j, grad, mask=ok)
             tl.store(grad_g_ptr + b * grad_zg_rs + j, grad_u * (1.0 - z) * (1.0 - g * g), mask=ok)
             prev = _to_float(tl.load(prev_ptr + b * prev_rs + j, mask=ok, other=0))
@@ -441,15 +453,16 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_
 @triton.jit
 def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, restore_ptr,
                          restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, float_ptr, grad_h_ptr, grad_h_rs,
-                         grad_c_ptr, grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs, inputs_ptr, inputs_rs,
-                         curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                         extra_ptr, extra_rs, grad_c_ptr, grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs,
+                         inputs_ptr, inputs_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                          batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
-                         POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
-                         ELEMENT_BLOCK: tl.constexpr):
+                         POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, EXTRA: tl.constexpr,
+                         LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
     backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``,
-    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``. With FLOAT, the float copy of the
-    previous h goes to ``float_ptr``."""
+    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``; with EXTRA, ``extra`` (the loss gradient
+    of the step's output h) is added to ``grad_h`` first. With FLOAT, the float copy of the previous h goes to
+    ``float_ptr``."""
     if POP:
         cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
         cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, float_ptr, restore_ptr,
@@ -471,7 +484,10 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, pr
                                                      tl.load(c_ptr + b * c_rs + j, mask=ok, other=0))
             zq_c, _, _ = _fixed_terms(z_c, u_c, live, ok, min_numerator)
             zq_h, _, _ = _fixed_terms(z_h, u_h, live, ok, min_numerator)
-            grad_h, grad_uh = _backward_update(tl.load(grad_h_ptr + b * grad_h_rs + j, mask=ok, other=0.0), zq_h, live)
+            grad_h = tl.load(grad_h_ptr + b * grad_h_rs + j, mask=ok, other=0.0)
+            if EXTRA:
+                grad_h += tl.load(extra_ptr + b * extra_rs + j, mask=ok, other=0.0)
+            grad_h, grad_uh = _backward_update(grad_h, zq_h, live)
             grad_c = tl.load(grad_c_ptr + b * grad_c_rs + j, mask=ok, other=0.0) + grad_uh * o * (1.0 - tc * tc)
             grad_c, grad_uc = _backward_update(grad_c, zq_c, live)
             tl.store(grad_h_ptr + b * grad_h_rs + j, grad_h, mask=ok)
@@ -530,17 +546,18 @@ def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: tor
                                        "flags", "status"))
 def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
                     restore: torch.Tensor | None, prev: torch.Tensor, prev_float: torch.Tensor | None,
-                    grad: torch.Tensor | None, grad_z: torch.Tensor | None, grad_g: torch.Tensor | None,
-                    curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor,
-                    status: torch.Tensor, first_flag: int, min_numerator: int, slope: float, pop: bool) -> None:
+                    grad: torch.Tensor | None, extra: torch.Tensor | None, grad_z: torch.Tensor | None,
+                    grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
+                    flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int, slope: float,
+                    pop: bool) -> None:
     restore = _or_no_columns(restore, h)
-    diff, write_float = grad is not None, prev_float is not None
+    diff, write_float, add = grad is not None, prev_float is not None, extra is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
     _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(restore), *_rows(prev),
-                              prev_float if write_float else pre_g, *_rows(grad), grad_z, grad_g, grad_z.stride(0),
-                              curr, stack, top, flags, status, h.shape[0], h.shape[1], restore.shape[1], curr.shape[0],
-                              curr.shape[1], first_flag, min_numerator, slope, POP=pop, DIFF=diff, FLOAT=write_float,
-                              **launch_options(curr.numel()))
+                              prev_float if write_float else pre_g, *_rows(grad), *_rows(extra if add else grad),
+                              grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status, h.shape[0], h.shape[1],
+                              restore.shape[1], curr.shape[0], curr.shape[1], first_flag, min_numerator, slope, POP=pop,
+                              DIFF=diff, FLOAT=write_float, EXTRA=add, **launch_options(curr.numel()))
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_pre", "grad_read", "inputs"))
@@ -575,23 +592,21 @@ def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: tor
                                        "curr", "stack", "top", "flags", "status"))
 def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
                      restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
-                     prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None,
-                     grad_pre: torch.Tensor | None,
-                     read: torch.Tensor | None, inputs: torch.Tensor | None,
-                     curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor,
-                     status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int, slope: float,
-                     pop: bool) -> None:
+                     prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, extra: torch.Tensor | None,
+                     grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None, read: torch.Tensor | None,
+                     inputs: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
+                     flags: torch.Tensor, status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int,
+                     slope: float, pop: bool) -> None:
     restore = _or_no_columns(restore, h)
-    diff, write_float = grad_h is not None, prev_float is not None
+    diff, write_float, add = grad_h is not None, prev_float is not None, extra is not None
     # Untouched without DIFF:
     grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
     _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, *_rows(restore), *_rows(prev_h),
-                               *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h), *_rows(grad_c),
-                               *_rows(grad_pre), *_rows(read),
-                               *_rows(inputs), curr, stack, top,
-                               flags, status, h.shape[0], h.shape[1], restore.shape[1], curr.shape[0], curr.shape[1],
-                               flag_c, flag_h, min_numerator, slope, POP=pop, DIFF=diff, FLOAT=write_float,
-                               **launch_options(curr.numel()))
+                               *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h),
+                               *_rows(extra if add else grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
+                               *_rows(inputs), curr, stack, top, flags, status, h.shape[0], h.shape[1],
+                               restore.shape[1], curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
+                               POP=pop, DIFF=diff, FLOAT=write_float, EXTRA=add, **launch_options(curr.numel()))
 
 
 def _or_no_columns(restore: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
@@ -649,7 +664,7 @@ class TritonSteps(StepKernels):
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
-                    prev_float=None):
+                    prev_float=None, extra=None):
         pop = buf is not None
         if pop:
             words = buf.words
@@ -657,8 +672,8 @@ class TritonSteps(StepKernels):
             first, tensors = check_pops(words, groups), _word_tensors(words)
         else:
             first, tensors = 0, _no_words(h.device)
-        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, grad_z, grad_g,
-                        *tensors, first, *_limit(max_bits), pop)
+        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, extra, grad_z,
+                        grad_g, *tensors, first, *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)
 
@@ -678,7 +693,7 @@ class TritonSteps(StepKernels):
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
-                     inputs=None, prev_float=None):
+                     inputs=None, prev_float=None, extra=None):
         pop = buf is not None
         if pop:
             words = buf.words
@@ -688,8 +703,8 @@ class TritonSteps(StepKernels):
         else:
             groups, first, tensors = [[]], 0, _no_words(h.device)
         grad_h, grad_c = (None, None) if grad is None else grad
-        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, grad_c, grad_pre,
-                         read, inputs, *tensors, first, first + len(groups[0]), *_limit(max_bits), pop)
+        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, extra, grad_c,
+                         grad_pre, read, inputs, *tensors, first, first + len(groups[0]), *_limit(max_bits), pop)
         if pop:
             record_pops(words, groups)
 

@@ -188,6 +188,29 @@ def test_reverse_int_then_backward_step_equals_reverse_diff(cell_type, backend):
         assert len(weights) == len(weights2) and all(torch.equal(a, b) for a, b in zip(weights, weights2))
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("cell_type", [RevGRUCell, RevLSTMCell])
+def test_an_output_gradient_given_apart_is_added_to_the_state_gradient(cell_type, backend):
+    # A decoder's loss gradient on a step's output goes to the reverse step as ``grad_out`` (the fused kernels add
+    # it as they read the state gradient, saving a launch): the same as adding it to the h columns beforehand.
+    torch.manual_seed(3)
+    cell = cell_type(INPUT, HIDDEN, BITS)
+    p, start = _inputs(cell, 0)
+    bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(2)]
+    new = [cell.forward_int(p, start, buf, MASK) for buf in bufs]
+    grad, grad_out = torch.randn(BATCH, cell.state_size), torch.randn(BATCH, HIDDEN)
+    summed = grad.clone()
+    summed[:, :HIDDEN] += grad_out
+    results = []
+    for buf, state, given, out in zip(bufs, new, (summed, grad.clone()), (None, grad_out)):
+        cell.zero_grad()
+        prev, grad_prev, grad_p = cell.reverse_diff(p, state, given, buf, MASK, grad_out=out)
+        assert torch.equal(prev, start) and buf.is_empty()
+        results.append([grad_prev, grad_p] + _weight_grads(cell))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("cell_type", [RevGRUCell, RevLSTMCell])
 def test_fused_and_reference_derivatives_agree_on_the_same_states(cell_type):
     # Given the same exact states, the fused kernels' hand-written derivative and the torch reference's

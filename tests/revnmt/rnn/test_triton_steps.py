@@ -139,6 +139,10 @@ def test_gru_kernels_make_the_torch_references_integers():
         TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again, again_float)
         assert all(torch.equal(a, b) for a, b in zip(again, (got_grad, grad_z, grad_g)))
         assert torch.equal(again_float, prev_float)
+        # The output's gradient given apart (``extra``) is added as the gradient is read: 0 + grad is grad.
+        apart = torch.zeros_like(grad), torch.empty_like(grad_z), torch.empty_like(grad_g)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *apart, extra=grad)
+        assert all(torch.equal(a, b) for a, b in zip(apart, (got_grad, grad_z, grad_g)))
         h = prev
     assert ours.is_empty() and ref.is_empty()
 
@@ -244,6 +248,10 @@ def test_lstm_kernels_make_the_torch_references_integers():
                                   torch.empty_like(slot), again_float)
         assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
         assert torch.equal(again_float, prev_float)
+        apart, apart_pre = (torch.zeros_like(grad[0]), grad[1].clone()), torch.empty_like(grad_pre)
+        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, apart, apart_pre, read,
+                                  torch.empty_like(slot), extra=grad[0])  # h's output gradient given apart
+        assert all(torch.equal(a, b) for a, b in zip(apart + (apart_pre,), got_grad + (grad_pre,)))
         h, c = prev
     assert ours.is_empty() and ref.is_empty()
 
