@@ -378,11 +378,13 @@ class ReversibleRNN(nn.Module):
         Without ``output_grads`` (or with chunks of one step) each step is undone and backpropagated
         at once, through the gates that decoded the buffer (``cell.reverse_diff``). With it, the sweep
         goes a chunk of ``chunk_steps`` steps at a time: it undoes the chunk's steps but its first
-        (``cell.reverse_int``, holding their states; the first step's output is the state then reached),
-        asks for the gradients of all their outputs in one call, then backpropagates the steps
-        (``cell.backward_step``, recomputing the gates from the held states) and, last, undoes and
-        backpropagates the first step at once (``cell.reverse_diff``). The decoder's attention and loss
-        thus run once per chunk, not once per step, and memory stays O(chunk), not O(T).
+        (``cell.reverse_int``, holding their states and, with fused kernels, the gates that undid them;
+        the first step's output is the state then reached), asks for the gradients of all their outputs in
+        one call, then backpropagates the steps (``cell.backward_step``, from the held states and gates) and,
+        last, undoes and backpropagates the first step at once (``cell.reverse_diff``). The outputs'
+        gradients go to the top layer's reverse steps, which add them as they read the state's. The
+        decoder's attention and loss thus run once per chunk, not once per step, and memory stays
+        O(chunk), not O(T).
 
         Args:
             grad_final: gradient of the loss w.r.t. each layer's final state (real values), or None.
