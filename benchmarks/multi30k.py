@@ -278,7 +278,7 @@ def _speed_side_by_side(args: argparse.Namespace, models: list[Model]) -> dict[s
 
     def step(name: str) -> Callable[[Batch], None]:
         def train(batch: Batch) -> None:
-            compute_gradients(nets[name], [batch]).item()  # .item(): the step is done (CUDA) before the clock reads
+            compute_gradients(nets[name], [batch]).loss.item()  # .item(): the step is done (CUDA) before timing
             clip_and_step(optimizers[name], clips[name])
         return train
 

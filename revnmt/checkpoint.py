@@ -32,15 +32,18 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     :func:`rng_state` and ``state_dict()`` are.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     try:
         return torch.load(path, map_location=map_location)
     # A damaged file fails deep inside zip or pickle code with any of several exception types
-    # (RuntimeError, EOFError, UnpicklingError, ...) whose messages do not name the file.
+    # (RuntimeError, EOFError, UnpicklingError, ...) whose messages do not name the file. Their text is
+    # left out: torch's advises loading with weights_only=False, which would let the file run code.
     except Exception as error:
-        raise RuntimeError(f"cannot load checkpoint {path} (truncated, corrupt or not a torch checkpoint?): "
-                           f"{error}") from error
+        raise RuntimeError(f"cannot load checkpoint {path}: truncated, corrupt or not a revnmt checkpoint "
+                           f"({type(error).__name__})") from error
 
 
 def resolve_checkpoint(path_or_dir: str | os.PathLike[str]) -> Path:

@@ -30,6 +30,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """argparse type: a fraction in [0, 1]."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def byte_size(text: str) -> int:
     """argparse type for sizes such as 2GiB."""
     try:

@@ -7,8 +7,10 @@ import argparse
 import json
 import logging
 import random
+import signal
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,22 +20,29 @@ import torch
 from revnmt.atomic import atomic_write_bytes, atomic_write_text
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from revnmt.data import DataOptions, TrainingData, load_data, text_options
+from revnmt.data.fingerprint import fingerprint_changes
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
-from revnmt.memory.peak import track_freed_memory
+from revnmt.memory.peak import PeakMeter, track_freed_memory
+from revnmt.memory.sizes import format_bytes
 from revnmt.model import Seq2Seq, build_model
 from revnmt.training import (
+    CHANGEABLE_ON_RESUME,
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     DistributedTrainer,
     HogwildTrainer,
+    Interrupted,
     Job,
     RunConfig,
+    TooManyFallbacks,
     Trainer,
     TrainingConfig,
     WorkerError,
     process_group,
 )
+from revnmt.training.interrupts import stop_on_signals
 from revnmt.training.progress import logging_to
+from revnmt.training.save_dir import SaveDirInUse, locked_save_dir
 from revnmt.translator import Translator, evaluate
 
 from .options import (
@@ -48,6 +57,7 @@ from .options import (
     device_ids,
     positive_float,
     positive_int,
+    share,
 )
 
 PROG = "revnmt-train"
@@ -62,7 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of revnmt-train (defaults: the paper's Multi30K setup, with Adam)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Train an attention encoder-decoder with reversible (or ordinary) RNNs. "
-        "Running the same command again resumes from SAVE_DIR/last.pt.", formatter_class=HelpFormatter)
+        "Running the same command again resumes from SAVE_DIR/last.pt. Ctrl-C or SIGTERM saves last.pt at the "
+        "step reached and exits (130, 143); a second Ctrl-C aborts. One run at a time holds SAVE_DIR.",
+        epilog="Resuming: the model, data, batching, seed and optimizer options are fixed for a run (a resume with "
+        "others is refused); " + ", ".join(f"--{name.replace('_', '-')}" for name in CHANGEABLE_ON_RESUME)
+        + " may change (applied and logged); the rest (device, parallelism, buffer backend, the corpora's paths) "
+        "are this session's. A resume on changed corpora is refused unless --restart-epoch.",
+        formatter_class=HelpFormatter)
     add_data_options(parser)
     add_model_options(parser)
     _add_optimization_options(parser)
@@ -101,6 +117,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--test-beam", type=positive_int, default=5, help="beam for the test set")
     run.add_argument("--log-every", type=positive_int, default=100, help="steps between log lines")
     run.add_argument("--save-every", type=positive_int, help="also save last.pt every N steps")
+    run.add_argument("--restart-epoch", action="store_true",
+                     help="resume although the training or dev corpora changed: keep the weights, optimizer and "
+                     "counters, and train the saved epoch again from its first batch")
+    run.add_argument("--max-reversal-fallbacks", type=share, default=0.01, metavar="SHARE",
+                     help="a batch whose reversal fails its exactness check is trained by backpropagation instead; "
+                     "stop once more than this share of the updates (and two at least) needed it")
     run.add_argument("--hogwild", type=positive_int, metavar="N",
                      help="train with N worker processes that update shared weights without locks (Hogwild!); "
                      "checkpoints and resumption at epoch ends only")
@@ -147,28 +169,45 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         max_steps=args.max_steps, batch_size=batch_size, batch_tokens=args.batch_tokens,
         memory_budget=args.memory_budget, patience=args.patience, valid_beam=args.valid_beam,
         test_beam=args.test_beam, log_every=args.log_every, save_every=args.save_every, hogwild=args.hogwild,
-        devices=args.devices)
+        devices=args.devices, restart_epoch=args.restart_epoch, max_reversal_fallbacks=args.max_reversal_fallbacks)
     return RunConfig(data, model, training)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run revnmt-train with ``argv`` (default: the command line); return the exit status.
 
-    Under torchrun every rank runs this; rank 0 alone writes the run directory and logs (the
-    others show warnings and errors only).
+    Under torchrun every rank runs this; rank 0 alone holds the save directory's lock, writes the run
+    directory and logs (the others show warnings and errors only).
     """
     config = parse_args(argv)
     if config.training.memory_budget is not None:
         track_freed_memory()  # the RSS then follows what is alive: what the budget bounds (revnmt.memory.peak)
     job = Job.from_env()
     save_dir = Path(config.training.save_dir)
-    if job.is_main:
-        save_dir.mkdir(parents=True, exist_ok=True)
     log_file, level = (save_dir / "train.log", logging.INFO) if job.is_main else (None, logging.WARNING)
     label = f"[rank {job.rank}] " if job.distributed else ""
-    with logging_to(log_file, level, label), process_group(config.training.device, job) as device:
+    with ExitStack() as stack:
+        try:
+            if job.is_main:
+                stack.enter_context(locked_save_dir(save_dir))
+            stack.enter_context(logging_to(log_file, level, label))
+        except SaveDirInUse as error:
+            return _fail(str(error))
+        except OSError as error:
+            return _fail(f"cannot create or write --save-dir {save_dir}: {error.strerror or error}")
+        device = stack.enter_context(process_group(config.training.device, job))
         logger.info("%s %s", PROG, " ".join(sys.argv[1:] if argv is None else argv))
-        return _run(replace(config, training=replace(config.training, device=device)), job)
+        try:
+            return _run(replace(config, training=replace(config.training, device=device)), job)
+        except KeyboardInterrupt:  # outside training (loading, the test set), or a second Ctrl-C in it
+            logger.error("aborted: nothing was saved since the last checkpoint")
+            return 128 + signal.SIGINT
+
+
+def _fail(message: str) -> int:
+    """An error before logging is set up: one line on stderr, argparse's style and status."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def _run(config: RunConfig, job: Job) -> int:
@@ -202,7 +241,11 @@ def _run(config: RunConfig, job: Job) -> int:
         _drop_too_long(data, plan)
     trainer = _make_trainer(config, data, model, plan, job)
     if checkpoint is not None:
-        trainer.restore(checkpoint)
+        try:
+            trainer.restore(checkpoint, restart_epoch=cfg.restart_epoch)
+        except ValueError as error:
+            logger.error("%s", error)
+            return USAGE_ERROR
         logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
                     trainer.state.step)
     if job.is_main:
@@ -212,10 +255,19 @@ def _run(config: RunConfig, job: Job) -> int:
         _save_subword_models(save_dir, data.options)
 
     try:
-        trainer.train()
-    except WorkerError as error:  # last.pt is still the last good checkpoint
+        with stop_on_signals(trainer.stop):
+            trainer.train()
+    except Interrupted as stop:
+        logger.warning("%s", stop)
+        return stop.exit_status
+    except (WorkerError, TooManyFallbacks) as error:  # last.pt is still the last good checkpoint
         logger.error("%s", error)
         return TRAINING_FAILED
+    except OSError as error:  # a checkpoint or log that cannot be written: disk full, folder gone
+        kept = f"the checkpoint of step {trainer.saved_step} is kept" if trainer.saved_step is not None else \
+            "no checkpoint was saved before"
+        logger.error("cannot write to %s: %s; %s", save_dir, error.strerror or error, kept)
+        return USAGE_ERROR
     if data.test_text is not None and job.is_main:
         _test(config, data)
     return 0
@@ -244,16 +296,28 @@ def _make_trainer(config: RunConfig, data: TrainingData, model: Seq2Seq, plan: B
 
 
 def _resumable_checkpoint(config: RunConfig) -> dict | None:
-    """``last.pt`` of the run's directory if there is one; ValueError if it was trained with other options."""
+    """``last.pt`` of the run's directory if there is one; ValueError if it was trained with other fixed options
+    or on other data (unless ``--restart-epoch``). Changed options that may change are logged."""
     save_dir = Path(config.training.save_dir)
     path = save_dir / LAST_CHECKPOINT
     if not path.is_file():
         return None
     checkpoint = load_checkpoint(path)
-    changed = config.changes_from(checkpoint["args"])
-    if changed:
-        raise ValueError(f"{save_dir} holds a run trained with {', '.join(changed)}: run the same command "
-                         f"to resume it, or choose another --save-dir")
+    refused = config.changes_from(checkpoint["args"])
+    if refused:
+        raise ValueError(f"{save_dir} holds a run trained with other fixed options ({', '.join(refused)}): run "
+                         f"it with the options it was started with to resume it, or choose another --save-dir")
+    changed_data = fingerprint_changes(checkpoint.get("data_fingerprint") or {}, config.data.fingerprint()) \
+        if "data_fingerprint" in checkpoint else []
+    if changed_data and not config.training.restart_epoch:
+        raise ValueError(f"the corpora of {save_dir} changed since it was saved ({'; '.join(changed_data)}): resume "
+                         f"with the same corpora, add --restart-epoch to go on with these from the start of the "
+                         f"saved epoch, or choose another --save-dir")
+    if changed_data:
+        logger.warning("the corpora changed (%s): --restart-epoch trains epoch %d again from its first batch",
+                       "; ".join(changed_data), checkpoint["trainer"]["epoch"])
+    for change in config.changes_from(checkpoint["args"], CHANGEABLE_ON_RESUME):
+        logger.info("changed on resume: %s", change)
     return checkpoint
 
 
@@ -266,6 +330,10 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
     if checkpoint is not None and checkpoint.get("memory_plan"):
         plan = BudgetPlan.from_dict(checkpoint["memory_plan"])
     else:
+        capacity = PeakMeter(cfg.device).capacity()
+        if capacity is not None and cfg.memory_budget > capacity:
+            logger.warning("--memory-budget %s is more than this machine has (%s): the plan may choose a batch "
+                           "that does not fit", format_bytes(cfg.memory_budget), format_bytes(capacity))
         plan = plan_budget(model, cfg.memory_budget, cfg.optimizer, data.train.lengths, torch.device(cfg.device),
                            beam=max(cfg.valid_beam, cfg.test_beam))
     logger.info("%s", plan.describe())

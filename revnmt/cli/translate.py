@@ -14,9 +14,8 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from revnmt.atomic import atomic_write_text
+from revnmt.atomic import check_output, write_output_text
 from revnmt.data import decode_lines, decode_stream, read_lines
 from revnmt.translator import Translator, evaluate
 
@@ -34,7 +33,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="raw source text, one sentence per line (default: stdin; from a pipe or a terminal, "
                         "each batch is translated and written as soon as its lines are in)")
     parser.add_argument("-o", "--output", metavar="FILE",
-                        help="where translations go, written atomically (default: stdout)")
+                        help="where translations go (default: stdout): a file is replaced atomically, a device, a FIFO "
+                        "or /dev/stdout written in place")
     parser.add_argument("--beam", type=int, default=5, help="beam size, 1 for greedy search (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
     parser.add_argument("--device", default=default_device(),
@@ -62,9 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
-        for option, path in (("--output", args.output), ("--json", args.json)):
-            if path is not None and not Path(path).resolve().parent.is_dir():
-                raise FileNotFoundError(f"the folder of {option} {path} does not exist")
+        # Python sets sys.stdin or sys.stdout to None when it starts with that descriptor closed (<&-, >&-).
+        if args.input is None and sys.stdin is None:
+            raise ValueError("stdin is closed: give -i FILE or pipe sentences in")
+        if args.output is None and sys.stdout is None:
+            raise ValueError("stdout is closed: give -o FILE or redirect the output")
+        # Before any translating: a translation that cannot be written is lost at the end.
+        for path in (args.output, args.json):
+            if path is not None:
+                check_output(path)
         # A file given with -i, or redirected to stdin, is read whole and translated in batches sorted by
         # length (faster); a pipe or a terminal streams.
         lines = read_lines(args.input) if args.input is not None else _whole_stdin()
@@ -87,16 +93,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size,
                                         progress=sys.stderr.isatty(), replace_unk=args.replace_unk)
             if args.output is None:
-                sys.stdout.buffer.write("".join(f"{hyp}\n" for hyp in hyps).encode("utf-8"))
-                sys.stdout.buffer.flush()
+                _write_stdout("".join(f"{hyp}\n" for hyp in hyps))
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    if args.output is not None:
-        atomic_write_text(args.output, "".join(f"{hyp}\n" for hyp in hyps))
+    except _StdoutError as error:
+        return _fail(error)
     try:
+        if args.output is not None:
+            _write_file(args.output, "".join(f"{hyp}\n" for hyp in hyps))
         _check_reference_count(args.reference, references, len(hyps))
-    except ValueError as error:
+    except (OSError, ValueError) as error:
         return _fail(error)
     if references is not None and hyps:
         scores = evaluate(hyps, references, translator.data)
@@ -105,7 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             result = {"input": args.input, "reference": args.reference, "beam": args.beam,
                       "replace_unk": args.replace_unk, **scores.to_dict()}
-            atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+            try:
+                _write_file(args.json, json.dumps(result, indent=2) + "\n")
+            except OSError as error:
+                return _fail(error)
     return 0
 
 
@@ -127,9 +136,34 @@ def _stream(args: argparse.Namespace, translator: Translator) -> list[str]:
                                            batch_size=args.batch_size, replace_unk=args.replace_unk):
         hyps.append(hyp)
         if args.output is None:
-            sys.stdout.buffer.write(f"{hyp}\n".encode("utf-8"))
-            sys.stdout.buffer.flush()
+            _write_stdout(f"{hyp}\n")
     return hyps
+
+
+class _StdoutError(Exception):
+    """stdout could not take the translations (a full disk, /dev/full): one line of error, not a traceback."""
+
+
+def _write_stdout(text: str) -> None:
+    """Write ``text`` to stdout and flush it. If that fails, a BrokenPipeError (the reader left, as after
+    ``| head``) passes on as it is, another error as a :class:`_StdoutError`; either way stdout is pointed
+    at /dev/null first, so that Python's own flush at exit does not fail again on what is left."""
+    try:
+        sys.stdout.buffer.write(text.encode("utf-8"))
+        sys.stdout.buffer.flush()
+    except OSError as error:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(error, BrokenPipeError):
+            raise
+        raise _StdoutError(f"cannot write to stdout: {error.strerror}") from error
+
+
+def _write_file(path: str, text: str) -> None:
+    """:func:`write_output_text`, with an error (a full disk) that names the file; the old file stays."""
+    try:
+        write_output_text(path, text)
+    except OSError as error:
+        raise type(error)(f"cannot write {path}: {error.strerror or error}") from error
 
 
 def _check_reference_count(path: str | None, references: list[str] | None, inputs: int) -> None:

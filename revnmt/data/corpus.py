@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +20,24 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     """Read a UTF-8 text file (gzipped if its name ends in ``.gz``) as a list of lines.
 
     Only the line terminator ("\\n" or "\\r\\n") is removed. Invalid UTF-8 is replaced by U+FFFD
-    and logged as a warning naming the file and the affected 1-based line numbers.
+    and logged as a warning naming the file and the affected 1-based line numbers. Besides regular
+    files, anything that can be read is (``/dev/stdin``, a FIFO). A truncated or corrupt gzip file is
+    a ValueError naming it.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"text file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        return decode_lines(f.read(), str(path))
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a text file")
+    if path.suffix != ".gz":
+        return decode_lines(path.read_bytes(), str(path))
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    # EOFError: cut short (a download or a copy that stopped); the others: not gzip, or damaged.
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise ValueError(f"{path}: truncated or corrupt gzip file ({error})") from error
+    return decode_lines(data, str(path))
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:

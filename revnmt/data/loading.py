@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .batching import EncodedDataset
 from .corpus import ParallelCorpus, load_parallel
+from .fingerprint import corpus_fingerprint
 from .multi30k import MULTI30K_SPLITS, find_multi30k
 from .subword import DEFAULT_VOCAB_SIZE, SUBWORD_TYPES, SubwordTokenizer, read_subword_model, train_subword_model
 from .tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
@@ -119,6 +120,14 @@ class DataConfig:
         return replace(self, train=str(folder / MULTI30K_SPLITS["train"]), valid=str(folder / MULTI30K_SPLITS["valid"]),
                        test=self.test or str(folder / MULTI30K_SPLITS["test"]))
 
+    def fingerprint(self) -> dict[str, dict]:
+        """Path, size and SHA-256 of each file of the training and dev corpora (see
+        :mod:`revnmt.data.fingerprint`); a resumed run must have the same."""
+        config = self.resolved()
+        if not (config.train and config.valid):
+            raise ValueError("no training data: give --data multi30k, or --train and --valid")
+        return corpus_fingerprint(config.train, config.valid, config.src, config.tgt)
+
 
 @dataclass
 class TrainingData:
@@ -131,6 +140,7 @@ class TrainingData:
     valid: EncodedDataset  # for the dev loss
     valid_text: ParallelCorpus  # raw dev text, for dev BLEU on detokenized output
     test_text: ParallelCorpus | None
+    fingerprint: dict[str, dict]  # of the training and dev corpora, as DataConfig.fingerprint gives it
 
 
 def text_options(config: DataConfig, train: ParallelCorpus | None = None) -> DataOptions:
@@ -209,4 +219,4 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
                 "training sentence: %s %.1f, %s %.1f", len(train_set), train_set.n_filtered, len(valid_set),
                 f", {len(test)} test pairs" if test else "", config.src, len(src_vocab), config.tgt, len(tgt_vocab),
                 unit, unit, config.src, train_set.src_lengths.mean(), config.tgt, train_set.tgt_lengths.mean())
-    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test)
+    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test, config.fingerprint())

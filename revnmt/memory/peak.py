@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import resource
 from functools import lru_cache
 from pathlib import Path
@@ -96,6 +97,16 @@ class PeakMeter:
             return torch.cuda.max_memory_reserved(self.device)
         hwm = _status_bytes("VmHWM")
         return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def capacity(self) -> int | None:
+        """What there is to hold at most: the machine's physical memory (CPU), the device's (CUDA); None
+        where it cannot be read. A container's limit may be lower."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
 
     def reset(self) -> None:
         """Start a new peak from what is held now."""

@@ -15,11 +15,19 @@ from revnmt.model import ModelConfig
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LR = {"adam": 1e-3, "sgd": 1.0}
 
-# Options that fix what a run trains on and in which order: resuming with other values would
-# silently continue a different run, so resuming refuses it.
+# Resuming a run sorts its options into three classes (documented in docs/reliability.md and --help):
+#
+# Options that fix what a run trains, on what data, in which order and with which update rule: resuming
+# with other values would silently continue a different run, so resuming refuses it.
 RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "train_limit", "subword", "vocab_size",
                 "joint_vocab", "spm_model", "batch_size", "batch_tokens", "memory_budget", "seed", "rnn", "attention",
-                "slice_dim", "max_forget_bits", "emb_dim", "hidden_size", "layers", "dropout", "buffer_lanes")
+                "slice_dim", "max_forget_bits", "emb_dim", "hidden_size", "layers", "dropout", "buffer_lanes",
+                "optimizer")
+# Options a resumed run may change: applied from the resumed step on, and logged.
+CHANGEABLE_ON_RESUME = ("lr", "clip", "lr_decay", "lr_patience", "min_lr", "epochs", "max_steps", "patience",
+                        "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks")
+# Everything else concerns where and how this session runs (device, devices, hogwild, buffer_backend, the
+# corpora's paths, whose contents the data fingerprint checks): changed freely, not logged.
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,8 @@ class TrainingConfig:
     log_every: int = 100
     save_every: int | None = None  # also save last.pt every N steps
     hogwild: int | None = None  # worker processes updating shared weights without locks
+    restart_epoch: bool = False  # resume on changed corpora: train the current epoch again from its start
+    max_reversal_fallbacks: float = 0.01  # share of updates that may be trained by backpropagation, reversal failing
     devices: tuple[int, ...] | None = None  # GPUs of the Hogwild workers (round-robin)
 
     @property
@@ -91,13 +101,13 @@ class RunConfig:
             training["devices"] = list(training["devices"])
         return {**data, **model, **training}
 
-    def changes_from(self, saved: dict) -> list[str]:
-        """The run-defining options whose values differ from a checkpoint's ``"args"``, as
-        ``--name saved (now current)``. An option the checkpoint lacks came after it was saved: its run
-        had the option's default (as :meth:`from_checkpoint` takes it)."""
+    def changes_from(self, saved: dict, names: tuple[str, ...] = RUN_DEFINING) -> list[str]:
+        """The options of ``names`` (default: the run-defining ones) whose values differ from a checkpoint's
+        ``"args"``, as ``--name saved -> current``. An option the checkpoint lacks came after it was saved:
+        its run had the option's default (as :meth:`from_checkpoint` takes it)."""
         current, saved = self.options(), {**_option_defaults(), **saved}
-        return [f"--{key.replace('_', '-')} {saved.get(key)} (now {current[key]})"
-                for key in RUN_DEFINING if saved.get(key) != current[key]]
+        return [f"--{key.replace('_', '-')} {saved.get(key)} -> {current[key]}"
+                for key in names if saved.get(key) != current[key]]
 
 
 def _option_defaults() -> dict:

@@ -6,7 +6,9 @@ start, every rank trains every world_size-th batch of the epoch, and after each 
 are averaged across the ranks, so every rank makes the same update and the weights stay identical
 (checked when training ends). Rank 0 alone validates, writes checkpoints and logs (the other ranks
 log warnings only); it broadcasts the outcome of each validation (trainer state, LR schedule), so
-every rank decays the LR and stops at the same point.
+every rank decays the LR and stops at the same point. A signal to any rank (Ctrl-C, SIGTERM) and a
+reversal that fell back to backpropagation travel with the gradients' all-reduce, so every rank learns
+of them at the same update and all stop there together (rank 0 saving).
 
 DistributedDataParallel is not used: its reducer all-reduces from autograd hooks during one
 ``backward()`` of the module's output, while reversal fills ``.grad`` through many backward calls
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -124,6 +127,7 @@ class DistributedTrainer(Trainer):
         super().__init__(config, data, model, plan)
         self.job = job
         self.rank, self.world_size = job.rank, job.world_size
+        self._stop_agreed = False  # a rank was signalled: all stop before the next update
         if not job.is_main:
             # one progress bar per job: rank 0's
             self.reporter = StepReporter(config.training.log_every, logger, self._memory_line, bar=False)
@@ -143,21 +147,36 @@ class DistributedTrainer(Trainer):
         self._check_replicas()
         return reason
 
-    def _update(self, parts: list[Batch]) -> torch.Tensor:
-        loss = compute_gradients(self.model, parts)
-        self._average_gradients()
+    def _update(self, parts: list[Batch], where: str) -> torch.Tensor:
+        gradients = compute_gradients(self.model, parts)
+        signum = self.stop.signum
+        sigint, sigterm, fallbacks = self._average_gradients(
+            [signum == signal.SIGINT, signum == signal.SIGTERM, gradients.reversal_error is not None])
+        if sigint or sigterm:
+            self.stop.request(signal.SIGINT if sigint else signal.SIGTERM)  # a rank that got none exits alike
+            self._stop_agreed = True
+        self._count_fallbacks(round(fallbacks), f"{where} on {round(fallbacks)} of {self.world_size} ranks",
+                              gradients.reversal_error or "on another rank")
         clip_and_step(self.optimizer, self.config.training.clip)
-        return loss
+        return gradients.loss
 
-    def _average_gradients(self) -> None:
+    def _should_stop(self) -> bool:
+        return self._stop_agreed  # agreed in an all-reduce, so every rank stops before the same update
+
+    def _average_gradients(self, counts: list[bool]) -> list[float]:
+        """Average the ranks' gradients; returns ``counts`` summed over the ranks (carried in the same
+        collective: one per update)."""
         # Explicit all-reduce: DDP's autograd hooks do not fire for gradients that reversal
         # accumulates outside one backward() of the module output (see the module docstring).
         grads = [p.grad for p in self.model.parameters()]  # train_step fills every parameter's
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective rather than one per tensor
+        extra = torch.tensor(counts, dtype=grads[0].dtype, device=grads[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [extra])  # one collective rather than one per tensor
         dist.all_reduce(flat)
-        flat /= self.world_size
+        totals = flat[-len(counts):].tolist()
+        flat = flat[:-len(counts)] / self.world_size
         for grad, average in zip(grads, flat.split([g.numel() for g in grads])):
             grad.copy_(average.view_as(grad))
+        return totals
 
     def _validate(self, end_of_epoch: bool) -> None:
         # Rank 0 validates and saves while the others wait in the broadcast of its outcome, which is

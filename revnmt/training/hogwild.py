@@ -16,9 +16,12 @@ lets the main process notice a worker that died without a word (killed), where a
 wait forever. A failure stops the run with ``WorkerError`` before anything more is saved, so the
 last checkpoint stays the last good one.
 
-Resuming works at epoch granularity (and from a ``--max-steps`` stop): updates race, so no run can
-be repeated exactly, and each worker's optimizer state (Adam's moments) is private, not
-checkpointed, and starts afresh in a resumed run.
+Resuming works at epoch granularity, from a ``--max-steps`` stop and from an interrupt: updates race,
+so no run can be repeated exactly, and each worker's optimizer state (Adam's moments) is private, not
+checkpointed, and starts afresh in a resumed run. A checkpoint's position must name a prefix of the
+epoch's batches, all trained; on Ctrl-C or SIGTERM (which the workers ignore: the main process decides)
+the main process therefore moves the epoch's end to just after the last batch any worker has started
+(:class:`EpochEnd`), the workers finish the batches before it, and the run saves there.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from revnmt.memory.budget import BudgetPlan
 from revnmt.model import Seq2Seq
 
 from .config import RunConfig, TrainingConfig
+from .interrupts import ignore_signals
 from .schedule import build_optimizer, current_lr
 from .trainer import Trainer, clip_and_step, compute_gradients, derived_seed
 
@@ -61,6 +65,38 @@ class EpochCommand:
     start: int
     end: int
     lr: float
+
+
+class EpochEnd:
+    """The end of the batches an epoch's workers train, movable while they run, in shared memory.
+
+    A worker claims each batch index before training it; the main process can stop the epoch early at
+    ``1 +`` the highest index claimed so far. Every index below that is then trained, since each worker
+    claims its indices in order: the trained batches stay a prefix of the epoch, which a checkpoint can name.
+    """
+
+    def __init__(self, context) -> None:
+        self._lock = context.Lock()
+        self._end = context.RawValue("q", 0)
+        self._claimed = context.RawValue("q", -1)
+
+    def reset(self, end: int) -> None:
+        with self._lock:
+            self._end.value, self._claimed.value = end, -1
+
+    def claim(self, index: int) -> bool:
+        """Whether a worker may train batch ``index`` (it is before the end); noted as started if so."""
+        with self._lock:
+            if index >= self._end.value:
+                return False
+            self._claimed.value = max(self._claimed.value, index)
+            return True
+
+    def stop_early(self, start: int) -> int:
+        """End the epoch after the batches already claimed (at ``start`` if none was); returns the new end."""
+        with self._lock:
+            self._end.value = min(self._end.value, max(start, self._claimed.value + 1))
+            return self._end.value
 
 
 @dataclass(frozen=True)
@@ -90,17 +126,19 @@ def worker_devices(config: TrainingConfig) -> list[str]:
 
 # ---------------------------------------------------------------------- worker processes
 
-def _worker(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.Queue) -> None:
+def _worker(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.Queue, end: EpochEnd) -> None:
     """Worker process: train the epochs the main process sends until it sends None."""
+    ignore_signals()
     try:
-        _train(setup, shared, commands, results)
+        _train(setup, shared, commands, results, end)
     except Exception:  # any failure (ReversalError included) must reach the main process, traceback and all
         results.put(("error", setup.rank, traceback.format_exc()))
 
 
-def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.Queue) -> None:
+def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.Queue, end: EpochEnd) -> None:
     # Messages to the main process: ("ready", rank) once set up, ("step", rank, summed loss, target
-    # tokens) after each update, ("done", rank) after each epoch, ("error", rank, traceback) from _worker.
+    # tokens, the ReversalError's text if the batch fell back to backpropagation, else None) after each
+    # update, ("done", rank) after each epoch, ("error", rank, traceback) from _worker.
     torch.set_num_threads(setup.threads)  # N workers with every core each would oversubscribe the CPU
     device = torch.device(setup.device)
     if device.type == "cuda":
@@ -115,16 +153,19 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
         batches = setup.sampler.batches(command.epoch)
         first = command.start + (setup.rank - command.start) % setup.n_workers  # the first index ≡ rank mod N
         for index in range(first, command.end, setup.n_workers):
+            if not end.claim(index):
+                break
             private.load_state_dict(shared.state_dict())  # the snapshot that stays fixed through the batch
             batch = make_batch(setup.train, batches[index]).to(device)
-            loss = compute_gradients(private, [batch])
+            gradients = compute_gradients(private, [batch])
             for shared_param, param in zip(shared.parameters(), private.parameters()):
                 # On the CPU these are the private tensors themselves (no copy); shared_param.grad
                 # was created in this process, so it is this worker's, not shared.
                 shared_param.grad = None if param.grad is None else param.grad.to(shared_param.device)
             clip_and_step(optimizer, setup.config.clip)
             # .item() costs no extra sync on CUDA: copying the gradients back already waited.
-            results.put(("step", setup.rank, loss.item(), batch.n_tokens))
+            error = None if gradients.reversal_error is None else str(gradients.reversal_error)
+            results.put(("step", setup.rank, gradients.loss.item(), batch.n_tokens, error))
         results.put(("done", setup.rank))
 
 
@@ -150,10 +191,11 @@ class WorkerPool:
         threads = max(1, torch.get_num_threads() // config.hogwild)  # the cores (or OMP_NUM_THREADS), split
         self.results = context.Queue()
         self.commands = [context.Queue() for _ in range(config.hogwild)]
+        self.end = EpochEnd(context)
         self.processes = []
         for rank, device in enumerate(worker_devices(config)):
             setup = WorkerSetup(rank, config.hogwild, device, threads, config, train, sampler)
-            process = context.Process(target=_worker, args=(setup, shared, self.commands[rank], self.results),
+            process = context.Process(target=_worker, args=(setup, shared, self.commands[rank], self.results, self.end),
                                       name=f"hogwild-{rank}", daemon=True)
             process.start()
             self.processes.append(process)
@@ -172,9 +214,11 @@ class WorkerPool:
     def __exit__(self, error_type, error, tb) -> None:
         self.close(graceful=error_type is None)
 
-    def run_epoch(self, command: EpochCommand) -> Iterator[tuple[int, float, int]]:
-        """Have every worker train its share of ``command``; yields (rank, summed loss, target tokens)
-        per update until all are done. Raises WorkerError when a worker fails or dies."""
+    def run_epoch(self, command: EpochCommand) -> Iterator[tuple[int, float, int, str | None]]:
+        """Have every worker train its share of ``command``; yields (rank, summed loss, target tokens, reversal
+        error or None) per update until all are done (:attr:`end` may end the epoch early). Raises WorkerError
+        when a worker fails or dies."""
+        self.end.reset(command.end)
         for commands in self.commands:
             commands.put(command)
         running = set(range(len(self.processes)))
@@ -215,7 +259,7 @@ class WorkerPool:
                 process.join(JOIN_S)
         for process in self.processes:
             if process.is_alive():
-                process.terminate()
+                process.kill()  # not terminate(): workers ignore SIGTERM (the main process decides when to stop)
             process.join()
 
 
@@ -240,17 +284,23 @@ class HogwildTrainer(Trainer):
 
     def _train_epoch(self) -> bool:
         cfg, state = self.config.training, self.state
+        if self._should_stop():
+            return False
         n_batches = len(self.sampler.batches(state.epoch))
         start = state.batch_in_epoch
         end = n_batches if cfg.max_steps is None else min(n_batches, start + cfg.max_steps - state.step)
         command = EpochCommand(state.epoch, start, end, current_lr(self.optimizer))
         updates = [0] * cfg.hogwild
         with self.reporter.epoch(state.epoch, n_batches, start):
-            for rank, loss, n_tokens in self.pool.run_epoch(command):
+            for rank, loss, n_tokens, error in self.pool.run_epoch(command):
+                self._count_fallbacks(int(error is not None),
+                                      f"a batch of Hogwild worker {rank} (step {state.step + 1})", error)
                 updates[rank] += 1
                 state.step += 1
                 self.reporter.step(state.step, start + sum(updates), torch.tensor(loss), n_tokens, command.lr)
-        # Every batch of [start, end) is trained now, so a --max-steps stop resumes at ``end``.
+                if self._should_stop() and end == command.end:
+                    end = self.pool.end.stop_early(start)
+        # Every batch of [start, end) is trained now, so a --max-steps stop or an interrupt resumes at ``end``.
         state.batch_in_epoch = end
         logger.info("epoch %d: updates by Hogwild worker %s", state.epoch,
                     ", ".join(f"{rank}: {n}" for rank, n in enumerate(updates)))

@@ -3,6 +3,9 @@
 A checkpoint holds the model, optimizer, scheduler, every RNG and the position inside the epoch.
 Batch order is a pure function of (seed, epoch), so a resumed run rebuilds the epoch's batches,
 skips those already trained on, and makes the same updates as a run that was never interrupted.
+A signal (Ctrl-C, SIGTERM) ends the run after the current update with such a checkpoint
+(:mod:`.interrupts`), and a batch whose reversal fails is trained by backpropagation instead
+(:func:`compute_gradients`), so neither loses work.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_
 from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
 from revnmt.memory.budget import BudgetGuard, BudgetPlan
 from revnmt.model import Seq2Seq
+from revnmt.rnn import ReversalError
 from revnmt.translator import Translator, evaluate
 
 from .config import RunConfig
+from .interrupts import Interrupted, StopRequest
 from .progress import StepReporter, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
 
@@ -38,17 +43,55 @@ def derived_seed(*keys: int) -> int:
     return int(np.random.SeedSequence(keys).generate_state(1)[0])
 
 
-def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> torch.Tensor:
-    """Set ``model``'s ``.grad`` to the gradients of the batch made of ``parts``; returns its summed loss.
+class TooManyFallbacks(RuntimeError):
+    """More batches than ``--max-reversal-fallbacks`` allows needed backpropagation instead of reversal."""
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """What :func:`compute_gradients` did: the batch's summed loss, and the error that made it fall back
+    to backpropagation (None when reversal succeeded)."""
+
+    loss: torch.Tensor
+    reversal_error: ReversalError | None = None
+
+
+def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
+    """Set ``model``'s ``.grad`` to the gradients of the batch made of ``parts``.
 
     ``train_step`` accumulates the gradients itself (reversible models train by reversal), so the old
     ones are dropped first, and each part's loss is divided by the whole batch's target tokens: the
     parts' gradients add up to the batch's.
+
+    If reversal fails its exactness check (:class:`ReversalError`), the batch is trained again by ordinary
+    backpropagation through the same fixed-point model (``train_step_autograd``), with the same dropout
+    masks (the generators are rewound): the gradients reversal would have given, at the memory cost of an
+    ordinary model for this one batch.
     """
+    rewind = _torch_rng_state()
+    try:
+        return Gradients(_accumulate(model, parts, model.train_step))
+    except ReversalError as error:
+        _set_torch_rng_state(rewind)
+        return Gradients(_accumulate(model, parts, model.train_step_autograd), error)
+
+
+def _accumulate(model: Seq2Seq, parts: list[Batch], step) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
     n_tokens = sum(part.n_tokens for part in parts)
-    return sum(model.train_step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens).loss
-               for part in parts)
+    return sum(step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens).loss for part in parts)
+
+
+def _torch_rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The generators a training step draws its dropout masks from (host-side state: no device sync)."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+
+
+def _set_torch_rng_state(state: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def clip_and_step(optimizer: torch.optim.Optimizer, clip: float) -> None:
@@ -74,6 +117,7 @@ class TrainerState:
     elapsed_s: float = 0.0  # training and validation time over all sessions
     train_tokens: int = 0  # target tokens of this process's updates, for throughput
     train_s: float = 0.0  # time in this process's update loop alone (no validation), over all sessions
+    reversal_fallbacks: int = 0  # batches trained by backpropagation because reversal failed
 
 
 @dataclass(frozen=True)
@@ -104,12 +148,15 @@ class Trainer:
         self.device = next(model.parameters()).device
         # With a budget, every step's measured peak is checked against it (and the log shows both).
         self.guard = BudgetGuard(plan, self.device) if plan else None
-        self.reporter = StepReporter(cfg.log_every, logger, self._memory_line)
+        self.reporter = StepReporter(cfg.log_every, logger, self._status_line)
         self.eval_batch_size = plan.eval_batch_size if plan else cfg.eval_batch_size
         # Each update trains batch ``rank`` of a group of ``world_size`` consecutive batches, one per
         # process (DistributedTrainer); a single process trains every batch.
         self.rank, self.world_size = 0, 1
         self._session_start, self._elapsed_before = time.monotonic(), 0.0
+        # Set by a signal handler (revnmt.cli.train installs it): stop after the current update.
+        self.stop = StopRequest()
+        self.saved_step: int | None = None  # the step of the last.pt on disk, None before the first
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -122,6 +169,7 @@ class Trainer:
             "src_vocab": self.data.src_vocab.itos,
             "tgt_vocab": self.data.tgt_vocab.itos,
             "data": self.data.options.to_dict(),
+            "data_fingerprint": self.data.fingerprint,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "trainer": asdict(self.state),
@@ -130,18 +178,43 @@ class Trainer:
             "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()},
         }
 
-    def restore(self, checkpoint: dict[str, Any]) -> None:
-        """Continue the run saved in ``checkpoint`` (its model options must be this model's)."""
+    def restore(self, checkpoint: dict[str, Any], restart_epoch: bool = False) -> None:
+        """Continue the run saved in ``checkpoint`` (its model options must be this model's).
+
+        The options that may change on resume (:data:`revnmt.training.config.CHANGEABLE_ON_RESUME`) take
+        this run's values: a new ``--lr`` replaces the (possibly decayed) rate, new ``--lr-decay`` /
+        ``--lr-patience`` the schedule's. ``restart_epoch`` trains the current epoch again from its first
+        batch (the data changed, so the saved position means nothing).
+        """
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
+        saved, cfg = checkpoint["args"], self.config.training
+        if saved.get("lr") != cfg.lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr
+        self.scheduler.factor, self.scheduler.patience = cfg.lr_decay, cfg.lr_patience
         self.state = TrainerState(**checkpoint["trainer"])
+        if restart_epoch:
+            self.state.batch_in_epoch = 0
+        self._check_position()
+        self.saved_step = self.state.step
         self._elapsed_before = self.state.elapsed_s
         set_rng_state(checkpoint["rng"])  # last: building the model above drew from the generators
+
+    def _check_position(self) -> None:
+        """A saved position must lie inside its epoch: past its end, training would never reach the
+        epoch's end (the batches were made from other data or options)."""
+        n_batches = len(self.sampler.batches(self.state.epoch))
+        if self.state.batch_in_epoch > n_batches:
+            raise ValueError(f"the checkpoint's position, batch {self.state.batch_in_epoch} of epoch "
+                             f"{self.state.epoch}, lies past the epoch's {n_batches} batches: the data or the "
+                             f"batching changed since it was saved")
 
     def _save(self, best: bool) -> None:
         checkpoint = self.checkpoint()
         save_checkpoint(self.save_dir / LAST_CHECKPOINT, checkpoint)
+        self.saved_step = self.state.step
         if best:
             save_checkpoint(self.save_dir / BEST_CHECKPOINT, checkpoint)
 
@@ -178,6 +251,9 @@ class Trainer:
                     sum(p.numel() for p in self.model.parameters()))
         while (reason := self.stop_reason()) is None:
             epoch_done = self._train_epoch()
+            if self._should_stop():
+                self._save(best=False)
+                raise Interrupted(self.stop.signum, self.state.step)
             self._validate(end_of_epoch=epoch_done)
         logger.info("training stopped: %s; best dev BLEU %.2f at step %d", reason, self.state.best_bleu,
                     self.state.best_step)
@@ -194,8 +270,10 @@ class Trainer:
         tick = time.monotonic()
         with self.reporter.epoch(state.epoch, n_batches, state.batch_in_epoch):
             for first in range(state.batch_in_epoch, n_batches, self.world_size):
+                if self._should_stop():
+                    break
                 parts = self._parts(batches[first + self.rank])
-                loss = self._update(parts)
+                loss = self._update(parts, f"batch {first + self.rank} of epoch {state.epoch} (step {state.step + 1})")
                 if self.guard is not None:
                     self._check_budget(batches[first + self.rank], parts)
                 state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
@@ -230,11 +308,40 @@ class Trainer:
     def _memory_line(self) -> str:
         return self.guard.describe_peak() if self.guard is not None else peak_memory(self.device)
 
-    def _update(self, parts: list[Batch]) -> torch.Tensor:
-        """One optimizer step on the batch made of ``parts``; returns its summed loss."""
-        loss = compute_gradients(self.model, parts)
+    def _status_line(self) -> str:
+        """What a progress line ends with: the memory peak, and the reversal fallbacks if there were any."""
+        fallbacks = self.state.reversal_fallbacks
+        return self._memory_line() + (f" | {fallbacks} reversal fallbacks" if fallbacks else "")
+
+    def _should_stop(self) -> bool:
+        """Whether a signal asked the run to stop (between updates)."""
+        return self.stop.requested()
+
+    def _update(self, parts: list[Batch], where: str) -> torch.Tensor:
+        """One optimizer step on the batch made of ``parts`` (``where`` names it for the log); returns its
+        summed loss."""
+        gradients = compute_gradients(self.model, parts)
+        self._count_fallbacks(int(gradients.reversal_error is not None), where, gradients.reversal_error)
         clip_and_step(self.optimizer, self.config.training.clip)
-        return loss
+        return gradients.loss
+
+    def _count_fallbacks(self, new: int, where: str, error: Exception | str | None) -> None:
+        """Count ``new`` batches of the coming update (step + 1) trained by backpropagation after a failed
+        reversal; TooManyFallbacks once
+        they are more than ``--max-reversal-fallbacks`` of the updates (two at least: one fault may be chance,
+        a repeated one is a bug)."""
+        if not new:
+            return
+        state, share = self.state, self.config.training.max_reversal_fallbacks
+        state.reversal_fallbacks += new
+        logger.warning("%s: reversal failed (%s); its gradients were computed by backpropagation instead "
+                       "(%d such batches so far)", where, error, state.reversal_fallbacks)
+        updates = state.step + 1
+        if state.reversal_fallbacks >= 2 and state.reversal_fallbacks > share * updates:
+            raise TooManyFallbacks(
+                f"reversal failed on {state.reversal_fallbacks} of {updates} updates, more than "
+                f"--max-reversal-fallbacks {share:g} allows: see the warnings in train.log (resuming with "
+                f"another --buffer-backend may avoid the fault)")
 
     # ------------------------------------------------------------------ validation
 

@@ -1,10 +1,14 @@
-"""Atomic writes: the old file or the new one, never a truncated one, and no temporary file left."""
+"""Atomic writes: the old file or the new one, never a truncated one, and no temporary file left; outputs
+that are no regular files (devices, FIFOs, /dev/stdout) written in place, never replaced."""
 
+import errno
 import os
+import stat
+import threading
 
 import pytest
 
-from revnmt.atomic import atomic_file, atomic_write_bytes
+from revnmt.atomic import atomic_file, atomic_write_bytes, check_output, write_output_text
 
 
 def test_atomic_write_replaces_and_leaves_no_temp_file(tmp_path):
@@ -37,3 +41,94 @@ def test_an_error_inside_the_block_keeps_the_old_file(tmp_path):
         raise KeyboardInterrupt
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["f.bin"]
+
+
+def _device(tmp_path, name: str) -> str:
+    """/dev/null or /dev/full; as root a node of the same device made in ``tmp_path``, so that a bug that
+    replaced it would not break the machine's."""
+    if os.geteuid() != 0:
+        return f"/dev/{name}"  # nobody but root can replace it
+    node = tmp_path / name
+    os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, {"null": 3, "full": 7}[name]))
+    return str(node)
+
+
+def test_an_output_file_is_replaced_atomically_and_a_full_disk_keeps_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "out.txt"
+    path.write_text("old\n")
+    write_output_text(path, "new\n")
+    assert path.read_text() == "new\n" and os.listdir(tmp_path) == ["out.txt"]
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_output_text(path, "newer\n")
+    assert path.read_text() == "new\n" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_a_symlink_is_written_through_and_kept(tmp_path):
+    (tmp_path / "target").write_text("old\n")
+    (tmp_path / "link").symlink_to("target")
+    (tmp_path / "dangling").symlink_to("new")
+    write_output_text(tmp_path / "link", "through\n")
+    write_output_text(tmp_path / "dangling", "created\n")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "target").read_text() == "through\n"
+    assert (tmp_path / "dangling").is_symlink() and (tmp_path / "new").read_text() == "created\n"
+    assert sorted(os.listdir(tmp_path)) == ["dangling", "link", "new", "target"]
+
+
+def test_a_fifo_is_written_in_place_for_its_reader(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_output_text(fifo, "one\ntwo\n")
+    reader.join(timeout=10)
+    assert received == ["one\ntwo\n"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_devices_are_written_in_place_and_stay_devices(tmp_path):
+    null, full = _device(tmp_path, "null"), _device(tmp_path, "full")
+    write_output_text(null, "gone\n")
+    with pytest.raises(OSError) as raised:
+        write_output_text(full, "too much\n")
+    assert raised.value.errno == errno.ENOSPC
+    assert stat.S_ISCHR(os.lstat(null).st_mode) and stat.S_ISCHR(os.lstat(full).st_mode)
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_a_file_held_open_elsewhere_is_appended_to_not_replaced(tmp_path):
+    # -o /dev/stdout >> log: the shell's open file, reached through /proc, keeps what it had.
+    log = tmp_path / "log"
+    log.write_text("earlier\n")
+    inode = log.stat().st_ino
+    with log.open("ab") as held:
+        write_output_text(f"/proc/self/fd/{held.fileno()}", "appended\n")
+    assert log.read_text() == "earlier\nappended\n" and log.stat().st_ino == inode
+
+
+def test_check_output_accepts_what_can_be_written_and_leaves_nothing_behind(tmp_path):
+    (tmp_path / "old.txt").write_text("old\n")
+    os.mkfifo(tmp_path / "fifo")  # no reader: checked without opening it, which would wait
+    for path in ("new.txt", "old.txt", "fifo"):
+        check_output(tmp_path / path)
+    check_output(_device(tmp_path, "full"))  # a full disk shows only when writing
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # the file made to try
+    assert (tmp_path / "old.txt").read_text() == "old\n"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("folder", "is a directory"),
+    ("missing/out.txt", "the folder .*missing does not exist"),
+    ("file/out.txt", "file is not a folder"),
+    ("/proc/out.txt", "cannot write /proc/out.txt"),  # read-only, even for root (an absolute path: not in tmp_path)
+])
+def test_check_output_says_why_a_place_cannot_be_written(tmp_path, where, message):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match=message):
+        check_output(tmp_path / where)
+    assert sorted(os.listdir(tmp_path)) == ["file", "folder"]

@@ -19,8 +19,9 @@ def test_a_subword_run_keeps_its_model_and_translates_raw_text_from_the_checkpoi
                                                                                           capsys):
     run = tmp_path / "run"
     assert train(run, *SUBWORD, "--max-steps", "3", "--test", toy["test"], "--test-beam", "2") == 0
-    assert {p.name for p in run.iterdir()} == {"config.json", "src.vocab", "tgt.vocab", "spm.model", "last.pt",
-                                               "best.pt", "train.log", "valid.tsv", "test.hyp", "test.json"}
+    assert {p.name for p in run.iterdir()} == {".lock", "config.json", "src.vocab", "tgt.vocab", "spm.model",
+                                               "last.pt", "best.pt", "train.log", "valid.tsv", "test.hyp",
+                                               "test.json"}
     model = (run / "spm.model").read_bytes()
     checkpoint = load_checkpoint(run / "best.pt")
     assert checkpoint["data"]["src_spm"] == checkpoint["data"]["tgt_spm"] == model
@@ -82,14 +83,16 @@ def test_resuming_reuses_the_stored_model_and_never_retrains_it(train, toy, tmp_
     for lang in ("en", "de"):
         path = Path(f"{toy['train']}.{lang}")
         path.write_text(path.read_text(encoding="utf-8").upper(), encoding="utf-8")
-    assert train(run, *SUBWORD, "--max-steps", "4") == 0
+    assert train(run, *SUBWORD, "--max-steps", "4") == 2  # refused unless asked for (the position means nothing now)
+    assert "train.en has other contents of the same size" in capsys.readouterr().err
+    assert train(run, *SUBWORD, "--max-steps", "4", "--restart-epoch") == 0
     checkpoint = load_checkpoint(run / "last.pt")
     assert checkpoint["trainer"]["step"] == 4 and checkpoint["data"]["src_spm"] == model
     assert (run / "spm.model").read_bytes() == model
     assert (run / "train.log").read_text().count(TRAINED) == 1 and "resumed" in capsys.readouterr().err
 
     assert train(run, "--subword", "unigram", "--vocab-size", "400", "--max-steps", "6") == 2
-    assert "--subword bpe (now unigram)" in capsys.readouterr().err
+    assert "--subword bpe -> unigram" in capsys.readouterr().err
 
 
 def _write(prefix: Path, en: str, de: str) -> str:
@@ -114,7 +117,8 @@ def test_training_data_that_cannot_give_the_model_is_one_line_and_nothing_is_wri
     run = tmp_path / "run"
     assert train(run, "--subword", "bpe", *options, train_prefix=prefix) == 2
     _assert_one_line_error(capsys, message)
-    assert [p.name for p in run.iterdir()] == ["train.log"]  # no model, vocabulary, config or temporary file
+    # no model, vocabulary, config or temporary file
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "train.log"]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -130,7 +134,7 @@ def test_a_missing_or_corrupt_model_file_is_one_line_and_nothing_is_written(trai
     run = tmp_path / "run"
     assert train(run, "--spm-model", str(path)) == 2
     _assert_one_line_error(capsys, message)
-    assert [p.name for p in run.iterdir()] == ["train.log"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "train.log"]
 
 
 def test_a_checkpoint_with_a_corrupt_model_is_refused_and_left_as_it_was(train, tmp_path, capsys):

@@ -93,11 +93,11 @@ def test_the_run_config_is_frozen_and_records_every_option_by_its_name():
 def test_resuming_compares_the_run_defining_options():
     saved = parse_args([*REQUIRED, "--seed", "3"]).options()
     assert parse_args([*REQUIRED, "--seed", "3", "--log-every", "7"]).changes_from(saved) == []
-    assert parse_args([*REQUIRED, "--seed", "4"]).changes_from(saved) == ["--seed 3 (now 4)"]
+    assert parse_args([*REQUIRED, "--seed", "4"]).changes_from(saved) == ["--seed 3 -> 4"]
     subwords = parse_args([*REQUIRED, "--seed", "3", "--subword", "bpe"])
-    assert subwords.changes_from(saved) == ["--subword none (now bpe)"]
+    assert subwords.changes_from(saved) == ["--subword none -> bpe"]
     assert parse_args([*REQUIRED, "--seed", "3", "--spm-model", "m"]).changes_from(subwords.options()) == [
-        "--subword bpe (now none)", "--spm-model [] (now ['m'])"]
+        "--subword bpe -> none", "--spm-model [] -> ['m']"]
     assert RunConfig.from_checkpoint({"args": subwords.options(), "model_config": subwords.model.to_dict()}) == subwords
 
 
@@ -106,4 +106,4 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default():
     for key in ("subword", "vocab_size", "joint_vocab", "spm_model"):
         del saved[key]
     assert parse_args(REQUIRED).changes_from(saved) == []
-    assert parse_args([*REQUIRED, "--subword", "bpe"]).changes_from(saved) == ["--subword none (now bpe)"]
+    assert parse_args([*REQUIRED, "--subword", "bpe"]).changes_from(saved) == ["--subword none -> bpe"]

@@ -1,6 +1,8 @@
 import gzip
 import io
 import logging
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,32 @@ def test_decode_stream_reports_a_bad_line_once_it_is_read(caplog):
 def test_read_lines_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothere.txt"):
         read_lines(tmp_path / "nothere.txt")
+
+
+def test_read_lines_a_directory_is_not_missing(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a directory") as raised:
+        read_lines(tmp_path)
+    assert "not found" not in str(raised.value)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda data: data[: len(data) // 2], "truncated or corrupt gzip file"),  # a download cut short
+    (lambda data: b"plain text, named .gz\n", "Not a gzipped file"),
+    (lambda data: data[:10] + b"\xff" * (len(data) - 10), "truncated or corrupt gzip file"),  # a damaged stream
+])
+def test_read_lines_a_damaged_gzip_file_is_a_value_error_naming_it(tmp_path, damage, reason):
+    path = write(tmp_path / "text.en.gz", b"a line of text\n" * 100)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=reason) as raised:
+        read_lines(path)
+    assert str(raised.value).startswith(f"{path}: truncated or corrupt gzip file (")
+
+
+def test_read_lines_reads_a_fifo(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    threading.Thread(target=lambda: fifo.write_bytes(b"through\na pipe\n"), daemon=True).start()
+    assert read_lines(fifo) == ["through", "a pipe"]
 
 
 def test_load_parallel_mixes_plain_and_gzip_and_prefers_plain(tmp_path):

@@ -12,7 +12,7 @@ from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 from revnmt.translator import Translator
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
-                   "rng", "args", "memory_plan"}
+                   "rng", "args", "memory_plan", "data_fingerprint"}
 
 
 def _same_tensors(a, b) -> bool:
@@ -49,8 +49,8 @@ def test_interrupted_run_resumes_exactly(train, tmp_path):
 def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp_path):
     run = tmp_path / "run"
     assert train(run, "--max-steps", "4", "--test", toy["test"], "--test-beam", "2") == 0
-    assert {p.name for p in run.iterdir()} == {"config.json", "src.vocab", "tgt.vocab", "last.pt", "best.pt",
-                                               "train.log", "valid.tsv", "test.hyp", "test.json"}
+    assert {p.name for p in run.iterdir()} == {".lock", "config.json", "src.vocab", "tgt.vocab", "last.pt",
+                                               "best.pt", "train.log", "valid.tsv", "test.hyp", "test.json"}
     config = json.loads((run / "config.json").read_text())
     assert config["train"] == toy["train"] and config["lowercase"] is False and config["hidden_size"] == 16
 
@@ -112,7 +112,7 @@ def test_resuming_with_other_options_is_refused(train, tmp_path, capsys):
     capsys.readouterr()
     assert train(tmp_path / "run", "--max-steps", "2", "--batch-size", "16", "--hidden-size", "32") == 2
     err = capsys.readouterr().err
-    assert "--batch-size 32 (now 16)" in err and "--hidden-size 16 (now 32)" in err
+    assert "--batch-size 32 -> 16" in err and "--hidden-size 16 -> 32" in err
 
 
 def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, tmp_path):
@@ -157,7 +157,7 @@ def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy
     indices = list(range(12))
     whole = make_batch(data.train, indices)
     parts = [make_batch(data.train, indices[:5]), make_batch(data.train, indices[5:])]
-    loss = compute_gradients(model, [whole])
+    loss = compute_gradients(model, [whole]).loss
     grads = [p.grad.clone() for p in model.parameters()]
-    assert torch.allclose(compute_gradients(model, parts), loss)
+    assert torch.allclose(compute_gradients(model, parts).loss, loss)
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), grads))

@@ -1,0 +1,78 @@
+"""Ctrl-C and a scheduler's SIGTERM stop a run cleanly: the current step finishes, ``last.pt`` is written at
+the step reached, and the run exits with 128 + the signal's number (130, 143), as shells report a process
+ended by that signal. A second Ctrl-C aborts at once.
+
+The handler only sets a flag; the training loop reads it between updates (:meth:`StopRequest.requested`),
+so no update is ever cut in half and the checkpoint resumes as exactly as a periodic one.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+logger = logging.getLogger(__name__)
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after saving; ``exit_status`` is what the command returns."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        super().__init__(f"interrupted at step {step}; resume with the same command")
+        self.signum, self.step = signum, step
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+class StopRequest:
+    """The signal a run was asked to stop by (None while it was not); set by :func:`stop_on_signals`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def request(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+
+@contextmanager
+def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
+    """Turn SIGINT and SIGTERM into ``stop.request(signum)`` for the duration of the block (a second SIGINT
+    raises KeyboardInterrupt: abort now). Outside the main thread, where Python cannot set handlers,
+    nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if stop.requested() and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the user insists: no save
+        if not stop.requested():
+            logger.warning("%s received: finishing the current step, then saving (Ctrl-C again aborts without "
+                           "saving)", signal.Signals(signum).name)
+        stop.request(signum)
+
+    previous = {signum: signal.signal(signum, handle) for signum in HANDLED}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def ignore_signals() -> None:
+    """For worker processes (Hogwild!): a terminal's Ctrl-C reaches the whole process group, but only the
+    main process decides when to stop, and tells its workers."""
+    for signum in HANDLED:
+        signal.signal(signum, signal.SIG_IGN)
