@@ -8,6 +8,7 @@ variable must be set before the kernels are first imported, which happens lazily
 import importlib.util
 import os
 import random
+import stat
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,13 @@ def train(toy: dict[str, str]):
                      *TINY_MODEL, *batch, *options])
 
     return run
+
+
+def device_node(folder: Path, name: str) -> str:
+    """/dev/null or /dev/full for a test that writes to it; as root a node of the same device made in ``folder``,
+    so that a bug that replaced it with a regular file would not break the machine's."""
+    if os.geteuid() != 0:
+        return f"/dev/{name}"  # nobody but root can replace it
+    node = folder / name
+    os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, {"null": 3, "full": 7}[name]))
+    return str(node)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
 from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
 from revnmt.memory.budget import BudgetGuard, BudgetPlan
-from revnmt.model import Seq2Seq
+from revnmt.model import Seq2Seq, StepResult
 from revnmt.rnn import ReversalError
 from revnmt.translator import Translator, evaluate
 
@@ -76,7 +77,7 @@ def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
         return Gradients(_accumulate(model, parts, model.train_step_autograd), error)
 
 
-def _accumulate(model: Seq2Seq, parts: list[Batch], step) -> torch.Tensor:
+def _accumulate(model: Seq2Seq, parts: list[Batch], step: Callable[..., StepResult]) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
     n_tokens = sum(part.n_tokens for part in parts)
     return sum(step(part.src, part.src_len, part.tgt_in, part.tgt_out, normalizer=n_tokens).loss for part in parts)

@@ -7,6 +7,7 @@ import stat
 import threading
 
 import pytest
+from conftest import device_node
 
 from revnmt.atomic import atomic_file, atomic_write_bytes, check_output, write_output_text
 
@@ -42,15 +43,6 @@ def test_an_error_inside_the_block_keeps_the_old_file(tmp_path):
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["f.bin"]
 
-
-def _device(tmp_path, name: str) -> str:
-    """/dev/null or /dev/full; as root a node of the same device made in ``tmp_path``, so that a bug that
-    replaced it would not break the machine's."""
-    if os.geteuid() != 0:
-        return f"/dev/{name}"  # nobody but root can replace it
-    node = tmp_path / name
-    os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, {"null": 3, "full": 7}[name]))
-    return str(node)
 
 
 def test_an_output_file_is_replaced_atomically_and_a_full_disk_keeps_the_old_one(tmp_path, monkeypatch):
@@ -91,7 +83,7 @@ def test_a_fifo_is_written_in_place_for_its_reader(tmp_path):
 
 
 def test_devices_are_written_in_place_and_stay_devices(tmp_path):
-    null, full = _device(tmp_path, "null"), _device(tmp_path, "full")
+    null, full = device_node(tmp_path, "null"), device_node(tmp_path, "full")
     write_output_text(null, "gone\n")
     with pytest.raises(OSError) as raised:
         write_output_text(full, "too much\n")
@@ -115,7 +107,7 @@ def test_check_output_accepts_what_can_be_written_and_leaves_nothing_behind(tmp_
     os.mkfifo(tmp_path / "fifo")  # no reader: checked without opening it, which would wait
     for path in ("new.txt", "old.txt", "fifo"):
         check_output(tmp_path / path)
-    check_output(_device(tmp_path, "full"))  # a full disk shows only when writing
+    check_output(device_node(tmp_path, "full"))  # a full disk shows only when writing
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # the file made to try
     assert (tmp_path / "old.txt").read_text() == "old\n"
 

@@ -21,6 +21,7 @@ from revnmt.data import load_data
 from revnmt.model import ReversibleSeq2Seq, build_model
 from revnmt.training import HogwildTrainer, RunConfig, Trainer, WorkerError
 from revnmt.training.distributed import state_digest
+from revnmt.training.hogwild import EpochEnd
 from revnmt.translator import Translator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -156,3 +157,13 @@ def test_checkpointed_ordinary_models_train_with_hogwild_workers_and_torchrun_ra
     assert result.returncode == 0, result.stderr
     assert "weights identical on all 2 ranks" in (run / "train.log").read_text()
 
+
+
+def test_an_epoch_stopped_early_ends_after_the_batches_already_claimed():
+    end = EpochEnd(mp.get_context("spawn"))
+    end.reset(10)
+    assert end.stop_early(start=3) == 3  # nothing claimed yet: the epoch ends where it started
+    end.reset(10)
+    assert end.claim(0) and end.claim(1) and end.claim(3)  # worker 0 of 2 is one batch behind
+    assert end.stop_early(start=0) == 4
+    assert end.claim(2) and not end.claim(4) and not end.claim(5)  # it catches up; nobody goes on

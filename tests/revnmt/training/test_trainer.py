@@ -3,11 +3,12 @@ import logging
 
 import torch
 
-from revnmt.checkpoint import load_checkpoint
+from revnmt.checkpoint import load_checkpoint, save_checkpoint
 from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import CheckpointedSeq2Seq, ModelConfig, build_model
+from revnmt.rnn import ReversalError
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 from revnmt.translator import Translator
 
@@ -161,3 +162,65 @@ def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy
     grads = [p.grad.clone() for p in model.parameters()]
     assert torch.allclose(compute_gradients(model, parts).loss, loss)
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), grads))
+
+
+def _reversible_model_and_batch(toy):
+    data = load_data(DataConfig(train=toy["train"], valid=toy["valid"], min_freq=1))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(rnn="revgru", emb_dim=16, hidden_size=16, attention="emb+slice", slice_dim=4,
+                                    dropout=0.3, buffer_lanes=4, src_vocab=len(data.src_vocab),
+                                    tgt_vocab=len(data.tgt_vocab))).train()
+    return model, make_batch(data.train, list(range(12)))
+
+
+def _grads(model) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_failed_reversal_falls_back_to_backprop_with_the_same_dropout_masks(toy, monkeypatch):
+    model, batch = _reversible_model_and_batch(toy)
+    torch.manual_seed(1)
+    reversal = compute_gradients(model, [batch])
+    by_reversal = _grads(model)
+    torch.manual_seed(1)
+    model.zero_grad()
+    reference = model.train_step_autograd(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, batch.n_tokens)
+    by_backprop = _grads(model)
+    after = torch.get_rng_state()
+
+    def failing(*args, **kwargs):  # fails after drawing the masks and accumulating part of the gradients
+        model.draw_masks(batch.src.shape[0], batch.src.device)
+        next(model.parameters()).grad = torch.ones_like(next(model.parameters()))
+        raise ReversalError("injected")
+
+    monkeypatch.setattr(model, "train_step", failing)
+    torch.manual_seed(1)
+    fallback = compute_gradients(model, [batch])
+    assert isinstance(fallback.reversal_error, ReversalError) and reversal.reversal_error is None
+    # exactly backpropagation's gradients with the masks reversal drew, and the generator where it would be
+    assert torch.equal(fallback.loss, reference.loss) and torch.equal(torch.get_rng_state(), after)
+    assert all(torch.equal(got, want) for got, want in zip(_grads(model), by_backprop))
+    # which are reversal's, up to float rounding
+    assert all(torch.allclose(got, want, atol=1e-6, rtol=1e-4) for got, want in zip(by_backprop, by_reversal))
+
+
+def test_a_saved_position_past_the_end_of_its_epoch_is_refused(train, toy, tmp_path):
+    run = tmp_path / "run"
+    assert train(run, "--max-steps", "2", "--save-every", "1") == 0
+    checkpoint = load_checkpoint(run / "last.pt")
+    checkpoint["trainer"]["batch_in_epoch"] = 8  # 7 batches an epoch
+    save_checkpoint(run / "last.pt", checkpoint)
+    assert train(run, "--max-steps", "4") == 2
+    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 2
+
+
+def test_resuming_applies_a_new_learning_rate_and_schedule(train, tmp_path, caplog):
+    run = tmp_path / "run"
+    assert train(run, "--max-steps", "2") == 0
+    with caplog.at_level(logging.INFO):
+        assert train(run, "--max-steps", "3", "--lr", "0.01", "--lr-decay", "0.1", "--lr-patience", "2") == 0
+    assert "changed on resume: --lr 0.001 -> 0.01" in caplog.text
+    checkpoint = load_checkpoint(run / "last.pt")
+    assert checkpoint["optimizer"]["param_groups"][0]["lr"] == 0.01
+    assert (checkpoint["scheduler"]["factor"], checkpoint["scheduler"]["patience"]) == (0.1, 2)
+    assert json.loads((run / "config.json").read_text())["lr_decay"] == 0.1
