@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -125,7 +126,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                      "stop once more than this share of the updates (and two at least) needed it")
     run.add_argument("--hogwild", type=positive_int, metavar="N",
                      help="train with N worker processes that update shared weights without locks (Hogwild!); "
-                     "checkpoints and resumption at epoch ends only")
+                     "checkpoints at epoch ends, at --max-steps and on Ctrl-C")
     run.add_argument("--devices", type=device_ids, metavar="0,1,...",
                      help="with --hogwild: the GPUs the workers run on, round-robin (default: every GPU with "
                      "--device cuda)")
@@ -179,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Under torchrun every rank runs this; rank 0 alone holds the save directory's lock, writes the run
     directory and logs (the others show warnings and errors only).
     """
+    if sys.stderr is None:  # started with stderr closed (2>&-): train.log still gets every line
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
     config = parse_args(argv)
     if config.training.memory_budget is not None:
         track_freed_memory()  # the RSS then follows what is alive: what the budget bounds (revnmt.memory.peak)

@@ -218,6 +218,13 @@ def test_a_full_disk_while_saving_keeps_the_last_checkpoint(corpus, tmp_path):
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_closed_standard_streams_do_not_stop_training(corpus, tmp_path):
+    run = tmp_path / "run"
+    done = _train(corpus, run, "--max-steps", "2", shell='exec "$0" "$@" <&- >&- 2>&-')
+    assert done.returncode == 0
+    assert "training stopped: reached --max-steps 2" in (run / "train.log").read_text()
+
+
 def test_a_memory_budget_above_the_machines_memory_is_warned_of(corpus, tmp_path):
     done = _train(corpus, tmp_path / "run", "--memory-budget", "1PiB", "--max-steps", "1")
     assert done.returncode == 0, done.stderr
