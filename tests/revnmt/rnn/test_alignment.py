@@ -1,38 +1,24 @@
 """The reverse step's gate products must read fresh tensors, not the slots of the weight-gradient chunk.
 
-Why these tests exist. A reverse step recomputes the forward's gates to decode the buffer, so every product
-that feeds a gate must round as the forward's did. The forward multiplies fresh tensors, which torch aligns to
-64 bytes. The reverse also files each step's recurrent inputs (h_j, and r·h_j for RevGRU) into the slots of
-the recurrent weight gradients' chunk (``RecurrentGrads.next_step``), and a slot lies wherever the chunk puts it:
-with an odd batch size, off the 64-byte (and 16-byte) grid. A CPU BLAS may round a product of such data
-differently: its loops order the additions by the data's alignment (Intel's MKL user guide, "Aligning Data
-for Consistent Results"). A build whose reverse wrote its inputs straight into the slots, and let the products
-read them there, failed its exactness check in a budget probe with an odd batch size (commit daa8045). The products
-now read fresh tensors, which the fused kernels (``lstm_reverse``, ``gru_read_grad``) copy into the slots as they
-go (docs/performance.md, "Contiguous slots"; ``RecurrentGrads.next_step``). These tests fail if that is undone.
+A reverse step recomputes the forward's gates to decode the buffer, so every product that feeds a gate must
+round as the forward's did. The forward multiplies fresh tensors, which torch aligns to 64 bytes. The reverse
+also files each step's recurrent inputs (h_j, and r·h_j for RevGRU) into the slots of the recurrent weight
+gradients' chunk (``RecurrentGrads.next_step``), and with an odd batch size a slot lies off the 64-byte grid. A
+CPU BLAS may round a product of such data differently (Intel's MKL user guide, "Aligning Data for Consistent
+Results"), so a build whose reverse products read the slots fails its exactness check. The products read fresh
+tensors, which the fused kernels (``lstm_reverse``, ``gru_read_grad``) copy into the slots as they go. These tests
+fail if that is undone (docs/reliability.md, "Alignment").
 
-What is alignment-sensitive on which BLAS, as measured on an Intel Xeon with AVX-512 (torch 2.13, MKL 2024.2,
-oneDNN 3.12), products of rows at 1 to 15 floats past the grid against the same product of a fresh copy:
-
-- oneDNN's linear (``products.linear``, the numba backend's products): never, at 1 to 500 rows and 1 or 2 threads,
-  nor with its ISA capped at SSE4.1, AVX or AVX2 (``ONEDNN_MAX_CPU_ISA``); ``test_products.py`` checks it too.
-- MKL (``torch.mm``: the torch backend; ``products.linear`` with oneDNN switched off) on its AVX-512 or AVX2 code:
-  never, at 1 or 2 threads.
-- MKL held to its SSE4.2 (or AVX) code by ``MKL_ENABLE_INSTRUCTIONS``: its matrix-vector products (a single row, as
-  at batch 1, or a single output column) depend on it. With one row off the 16-byte grid, the last (columns mod 4)
-  output columns of each thread's panel of columns come out differently, about half the time; a product of several
-  rows into several columns did not depend on it.
-
-So on most machines the hazard cannot be seen with the BLAS as it is. Two tests guard it all the same:
+On most machines the BLAS as it is hides the hazard: oneDNN's linear (``products.linear``) never depended on
+alignment here, nor MKL on its AVX2/AVX-512 code; MKL held to its SSE4.2 code does, for matrix-vector products
+(one row). Hence two tests:
 
 - :func:`test_reversal_is_exact_when_misaligned_products_round_differently` (any machine, in process): the products
   run under :class:`_MisalignedRowsRoundUp`, a BLAS that rounds a product of misaligned rows up; the reversal must
   stay exact. Every gate of a build that multiplies a slot is then off, so such a build fails at once.
 - :func:`test_reversal_is_exact_on_mkls_sse_code` (where MKL is the BLAS): in a subprocess, MKL held to its SSE4.2
   code, batch 1 and oneDNN off; skipped, with the reason, where a product of a slot rounds as a fresh one there.
-  Only some gates (a panel's last columns) can differ, so it takes several sequences to catch a broken build.
-  Measured against one (100 steps a sequence): RevGRU failed on every sequence with the numba backend and on about
-  one in four with the torch backend, RevLSTM on about one in four (numba) to one in three (torch).
+  Only some gates can differ, so it runs several sequences to catch a broken build.
 """
 
 from __future__ import annotations
@@ -137,9 +123,8 @@ from revnmt.rnn.cells import RecurrentGrads
 
 torch.set_num_threads(2)  # MKL splits the columns into a panel per thread: each panel's last columns can differ
 HIDDEN = {"revgru": 30, "revlstm": 300}
-# Sequences per cell and backend: enough to catch a broken build with a margin where its sequences failed least
-# often (RevGRU on the torch backend, whose broken reverse read only h_j from its slot, as the build of commit
-# daa8045 did: about 1 in 4; RevLSTM, whose gates that can differ are few: about 1 in 3 to 4; RevGRU numba: all).
+# Sequences per cell and backend: enough to catch a broken build with a margin, as a broken build fails some
+# sequences only (few of RevLSTM's gates can differ; RevGRU on the torch backend reads only h_j from a slot).
 SEQUENCES = {("revgru", "numba"): 3, ("revgru", "torch"): 10, ("revlstm", "numba"): 12, ("revlstm", "torch"): 5}
 STEPS, BATCH = 100, 1  # one row: MKL's matrix-vector product, the one its SSE code rounds by alignment
 
