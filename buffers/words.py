@@ -112,7 +112,7 @@ class WordStack:
     def chunk_widths(self, width: int) -> list[int]:
         """The width of each push that a folded group of this width makes (not to be modified)."""
         # Memoized: with shared rows a group makes dozens of pushes, and building their list per call
-        # cost a noticeable share of a compiled update (docs/performance.md).
+        # would cost a noticeable share of a compiled update (docs/performance.md#memoized-push-widths).
         if width not in self._widths_of:
             lanes = self.lanes
             self._widths_of[width] = [min(lanes, width - start) for start in range(0, width, lanes)]

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 run=runs/quickstart
 bin=.venv/bin
-# Multi30K is found in $REVNMT_DATA, ./data/multi30k or ../shared/data/multi30k, else downloaded.
+# Multi30K is found in $REVNMT_DATA or ./data/multi30k, else downloaded into ./data/multi30k.
 $bin/revnmt-train --data multi30k --save-dir "$run" --epochs 2 --test-beam 5 "$@"
 data=$($bin/python -c "from revnmt.data import find_multi30k; print(find_multi30k())")
 echo "== translating test2016 with $run/best.pt"

@@ -27,8 +27,8 @@ MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 DOWNLOAD_TIMEOUT_S = 30
 DATA_ENV_VAR = "REVNMT_DATA"
 _GZIP_MAGIC = b"\x1f\x8b"
-# The folder that holds the `revnmt` package, so the shared data is found from any working directory.
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+# Relative to the working directory: searched after $REVNMT_DATA, and where a download goes.
+LOCAL_DIR = Path("data/multi30k")
 
 
 def _holds_multi30k(folder: Path) -> bool:
@@ -47,10 +47,9 @@ def find_multi30k(data_dir: str | os.PathLike[str] | None = None, download: bool
     """Return the folder holding Multi30K (``train.en(.gz)`` etc.), downloading it if nowhere found.
 
     Search order: ``data_dir`` (the folder or its ``multi30k/`` child; if given it must hold the
-    data), ``$REVNMT_DATA`` (likewise), ``./data/multi30k``, then ``../shared/data/multi30k``
-    relative to the working directory and to the repository root. Failing all of these the raw
-    files are downloaded into ``./data/multi30k``, or ``FileNotFoundError`` is raised if
-    ``download`` is false.
+    data), ``$REVNMT_DATA`` (likewise), then ``./data/multi30k``. Failing these the raw files are
+    downloaded into ``./data/multi30k``, or ``FileNotFoundError`` is raised if ``download`` is
+    false.
     """
     if data_dir is not None:
         found = _in_folder_or_child(Path(data_dir))
@@ -71,22 +70,16 @@ def find_multi30k(data_dir: str | os.PathLike[str] | None = None, download: bool
         logger.warning("$%s=%s holds no Multi30K (train.en(.gz)); searching elsewhere", DATA_ENV_VAR, env_dir)
         searched += [Path(env_dir), Path(env_dir) / "multi30k"]
 
-    for candidate in (
-        Path("data/multi30k"),
-        Path("../shared/data/multi30k"),
-        _REPO_ROOT.parent / "shared" / "data" / "multi30k",
-    ):
-        searched.append(candidate)
-        if _holds_multi30k(candidate):
-            return candidate.resolve()
+    searched.append(LOCAL_DIR)
+    if _holds_multi30k(LOCAL_DIR):
+        return LOCAL_DIR.resolve()
 
     where = ", ".join(str(p.resolve()) for p in searched)
     if not download:
         raise FileNotFoundError(f"Multi30K not found (looked in {where})")
-    target = Path("data/multi30k")
-    logger.info("Multi30K not found locally (looked in %s); downloading it into %s", where, target)
-    _download(target, where)
-    return target.resolve()
+    logger.info("Multi30K not found locally (looked in %s); downloading it into %s", where, LOCAL_DIR)
+    _download(LOCAL_DIR, where)
+    return LOCAL_DIR.resolve()
 
 
 def _download(target: Path, searched: str) -> None:

@@ -28,7 +28,8 @@ class ModelConfig:
     # (an int, or "auto": ⌈√T⌉ per batch); None keeps every step for backward.
     checkpoint_steps: int | str | None = None
     # Reversible RNNs only: decoder steps undone before their attention and loss run in one call. More is
-    # faster and holds more per sentence (docs/performance.md); part of what a run computes.
+    # faster and holds more per sentence (docs/performance.md#the-decoders-reverse-sweep-by-chunks); part of
+    # what a run computes.
     decoder_chunk_steps: int = 2
     src_vocab: int = 0
     tgt_vocab: int = 0

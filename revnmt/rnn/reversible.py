@@ -1,6 +1,6 @@
 """A stack of reversible RNN layers, trained by reversal.
 
-Training by reversal (MacKay et al. 2018, §6 of our paper notes):
+Training by reversal (MacKay et al., NeurIPS 2018; why it is exact: docs/design.md):
 
 1. ``forward_sweep`` runs every step under ``no_grad``, pushing forgotten bits onto one information
    buffer shared by all layers and halves (time-major, so the reverse pops in mirror order). It
@@ -40,23 +40,23 @@ from .kernels import step_kernels
 
 #: Steps per chunk when a stack is given none (``chunk_steps``): layer 0's input projections are computed this many
 #: steps per matrix product (see InputProjection). Longer chunks are faster, but a chunk is held memory, steps x batch
-#: x gate columns floats, a cost per sentence that short sentences feel most under a memory budget: the measurements
-#: behind 2 are in docs/performance.md.
+#: x gate columns floats, a cost per sentence that short sentences feel most under a memory budget
+#: (docs/performance.md#input-projection-chunks).
 PROJECTION_STEPS = 2
 
 
 #: Buffer lanes per batch row when none are asked for (``buffer_lanes=None``), by the buffer's backend.
-#: The numba loops run as fast with any lane count, and few lanes fill their 64-bit words best (the
-#: lane study is in docs/performance.md). The torch backend loops over a half's ⌈(H/2) / lanes⌉ chunks,
-#: each a few kernel launches, and the Triton kernel over the same chunks inside one program, so there
-#: more lanes are faster.
+#: The numba loops walk any lane count in one call, and few lanes fill their 64-bit words best
+#: (docs/performance.md#buffer-lanes-per-sentence, docs/memory.md#buffer-lanes). The torch backend loops over
+#: a half's ⌈(H/2) / lanes⌉ chunks, each a few kernel launches, and the Triton kernel over the same chunks
+#: inside one program, so there more lanes are faster.
 DEFAULT_LANES = {"numba": 3, "torch": 16, "triton": 16}
 
 #: Reverse steps whose recurrent weight gradients are collected per product (see RecurrentGrads), by the buffer's
 #: backend. A chunk is held memory, steps x batch x (gate columns + inputs) floats per layer, a cost per sentence.
-#: On a CPU (numba) a per-step product is already compute-bound and longer chunks measured no faster, so it takes
+#: On a CPU (numba) a per-step product is already compute-bound and longer chunks gain little, so it takes
 #: one step; where small products are launch-bound (triton and torch, for CUDA) the chunk is 4, not yet measured
-#: on a GPU. The measurements are in docs/performance.md.
+#: on a GPU (docs/performance.md#recurrent-weight-gradients-by-chunks; benchmarks/weight_grad_chunks.py times it).
 WEIGHT_GRAD_STEPS = {"numba": 1, "torch": 4, "triton": 4}
 
 

@@ -13,12 +13,11 @@ from revnmt.data import multi30k as m30k
 
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
-    """A working directory and repository root under tmp_path with no data anywhere."""
+    """A working directory under tmp_path with no data anywhere and no $REVNMT_DATA."""
     monkeypatch.delenv("REVNMT_DATA", raising=False)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.setattr(m30k, "_REPO_ROOT", tmp_path / "checkout" / "repo")
     return tmp_path
 
 
@@ -63,16 +62,17 @@ def test_env_var_without_data_falls_through_with_warning(isolated, monkeypatch, 
     assert "REVNMT_DATA" in caplog.text and "wrong" in caplog.text
 
 
-def test_local_data_before_shared(isolated):
-    shared = make_dataset(isolated / "shared" / "data" / "multi30k")
-    assert find_multi30k(download=False) == shared  # ../shared relative to the working directory
-    local = make_dataset(isolated / "work" / "data" / "multi30k")
+def test_local_data_folder_is_found(isolated):
+    local = make_dataset(isolated / "work" / "data" / "multi30k", gz=False)
     assert find_multi30k(download=False) == local
 
 
-def test_shared_relative_to_repo_root(isolated):
-    shared = make_dataset(isolated / "checkout" / "shared" / "data" / "multi30k", gz=False)
-    assert find_multi30k(download=False) == shared
+def test_only_the_env_var_and_the_local_folder_are_searched(isolated):
+    # A copy beside the working directory or the checkout (CI's layout) is not looked for: CI points
+    # $REVNMT_DATA at it (.ci/run). Where the checkout has one, this also checks it is not found.
+    make_dataset(isolated / "shared" / "data" / "multi30k")  # ../shared/data/multi30k from the working directory
+    with pytest.raises(FileNotFoundError, match="not found"):
+        find_multi30k(download=False)
 
 
 def test_nothing_found_without_download(isolated):
