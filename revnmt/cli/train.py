@@ -120,7 +120,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--save-every", type=positive_int, help="also save last.pt every N steps")
     run.add_argument("--restart-epoch", action="store_true",
                      help="resume although the training or dev corpora changed: keep the weights, optimizer and "
-                     "counters, and train the saved epoch again from its first batch")
+                     "counters, and train the saved epoch again from its first batch (unchanged corpora resume "
+                     "at the saved position)")
     run.add_argument("--max-reversal-fallbacks", type=share, default=0.01, metavar="SHARE",
                      help="a batch whose reversal fails its exactness check is trained by backpropagation instead; "
                      "stop once more than this share of the updates (and two at least) needed it")
@@ -217,7 +218,7 @@ def _run(config: RunConfig, job: Job) -> int:
     save_dir, cfg = Path(config.training.save_dir), config.training
     try:
         config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
-        checkpoint = job.from_main(lambda: _resumable_checkpoint(config))
+        checkpoint, data_changed = job.from_main(lambda: _resumable_checkpoint(config))
         if checkpoint is None:  # rank 0 trains the SentencePiece models of --subword, every rank gets them
             options, vocabs = job.from_main(lambda: text_options(config.data)), None
         else:  # resuming: the checkpoint's SentencePiece models and vocabularies, never trained again
@@ -245,7 +246,7 @@ def _run(config: RunConfig, job: Job) -> int:
     trainer = _make_trainer(config, data, model, plan, job)
     if checkpoint is not None:
         try:
-            trainer.restore(checkpoint, restart_epoch=cfg.restart_epoch)
+            trainer.restore(checkpoint, restart_epoch=data_changed)
         except ValueError as error:
             logger.error("%s", error)
             return USAGE_ERROR
@@ -298,13 +299,14 @@ def _make_trainer(config: RunConfig, data: TrainingData, model: Seq2Seq, plan: B
     return Trainer(config, data, model, plan)
 
 
-def _resumable_checkpoint(config: RunConfig) -> dict | None:
-    """``last.pt`` of the run's directory if there is one; ValueError if it was trained with other fixed options
-    or on other data (unless ``--restart-epoch``). Changed options that may change are logged."""
+def _resumable_checkpoint(config: RunConfig) -> tuple[dict | None, bool]:
+    """``last.pt`` of the run's directory if there is one, and whether its corpora changed since; ValueError if
+    it was trained with other fixed options or on other data (unless ``--restart-epoch``). Changed options that
+    may change are logged."""
     save_dir = Path(config.training.save_dir)
     path = save_dir / LAST_CHECKPOINT
     if not path.is_file():
-        return None
+        return None, False
     checkpoint = load_checkpoint(path)
     refused = config.changes_from(checkpoint["args"])
     if refused:
@@ -321,7 +323,7 @@ def _resumable_checkpoint(config: RunConfig) -> dict | None:
                        "; ".join(changed_data), checkpoint["trainer"]["epoch"])
     for change in config.changes_from(checkpoint["args"], CHANGEABLE_ON_RESUME):
         logger.info("changed on resume: %s", change)
-    return checkpoint
+    return checkpoint, bool(changed_data)
 
 
 def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkpoint: dict | None) -> BudgetPlan:

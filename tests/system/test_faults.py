@@ -173,6 +173,13 @@ def test_a_changed_corpus_is_refused_on_resume_unless_the_epoch_restarts(corpus,
     resumed = _train(corpus, run, *small, "--max-steps", "20", "--restart-epoch")
     assert resumed.returncode == 0, resumed.stderr
     assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 20
+    # on unchanged corpora the option changes nothing: the run goes on from its saved position
+    position = load_checkpoint(run / "last.pt")["trainer"]
+    again = _train(corpus, run, *small, "--max-steps", "21", "--restart-epoch")
+    assert again.returncode == 0 and "from its first batch" not in again.stderr, again.stderr
+    after = load_checkpoint(run / "last.pt")["trainer"]
+    assert (after["epoch"], after["batch_in_epoch"]) in ((position["epoch"], position["batch_in_epoch"] + 1),
+                                                         (position["epoch"] + 1, 0))
 
 
 def test_options_changed_on_resume_are_applied_or_refused(corpus, tmp_path):
