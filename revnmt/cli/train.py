@@ -218,13 +218,14 @@ def _run(config: RunConfig, job: Job) -> int:
     save_dir, cfg = Path(config.training.save_dir), config.training
     try:
         config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
-        checkpoint, data_changed = job.from_main(lambda: _resumable_checkpoint(config))
+        fingerprint = config.data.fingerprint()  # read once: compared on resume, then saved in checkpoints
+        checkpoint, data_changed = job.from_main(lambda: _resumable_checkpoint(config, fingerprint))
         if checkpoint is None:  # rank 0 trains the SentencePiece models of --subword, every rank gets them
             options, vocabs = job.from_main(lambda: text_options(config.data)), None
         else:  # resuming: the checkpoint's SentencePiece models and vocabularies, never trained again
             options = DataOptions.from_dict(checkpoint["data"], str(save_dir / LAST_CHECKPOINT))
             vocabs = (checkpoint["src_vocab"], checkpoint["tgt_vocab"])
-        data = load_data(config.data, options, vocabs)
+        data = load_data(config.data, options, vocabs, fingerprint)
     # Missing or malformed data and checkpoints are the user's to fix: one line, no traceback.
     except (OSError, ValueError, RuntimeError) as error:
         logger.error("%s", error)
@@ -299,10 +300,10 @@ def _make_trainer(config: RunConfig, data: TrainingData, model: Seq2Seq, plan: B
     return Trainer(config, data, model, plan)
 
 
-def _resumable_checkpoint(config: RunConfig) -> tuple[dict | None, bool]:
-    """``last.pt`` of the run's directory if there is one, and whether its corpora changed since; ValueError if
-    it was trained with other fixed options or on other data (unless ``--restart-epoch``). Changed options that
-    may change are logged."""
+def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tuple[dict | None, bool]:
+    """``last.pt`` of the run's directory if there is one, and whether its corpora changed since (their
+    ``fingerprint`` now against the saved one); ValueError if it was trained with other fixed options or on other
+    data (unless ``--restart-epoch``). Changed options that may change are logged."""
     save_dir = Path(config.training.save_dir)
     path = save_dir / LAST_CHECKPOINT
     if not path.is_file():
@@ -312,8 +313,8 @@ def _resumable_checkpoint(config: RunConfig) -> tuple[dict | None, bool]:
     if refused:
         raise ValueError(f"{save_dir} holds a run trained with other fixed options ({', '.join(refused)}): run "
                          f"it with the options it was started with to resume it, or choose another --save-dir")
-    changed_data = fingerprint_changes(checkpoint.get("data_fingerprint") or {}, config.data.fingerprint()) \
-        if "data_fingerprint" in checkpoint else []
+    saved = checkpoint.get("data_fingerprint")  # checkpoints from before fingerprints have none: not checked
+    changed_data = fingerprint_changes(saved, fingerprint) if saved else []
     if changed_data and not config.training.restart_epoch:
         raise ValueError(f"the corpora of {save_dir} changed since it was saved ({'; '.join(changed_data)}): resume "
                          f"with the same corpora, add --restart-epoch to go on with these from the start of the "

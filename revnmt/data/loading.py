@@ -180,14 +180,16 @@ def _training_corpus(config: DataConfig) -> ParallelCorpus:
 
 
 def load_data(config: DataConfig, options: DataOptions | None = None,
-              vocab_tokens: tuple[list[str], list[str]] | None = None) -> TrainingData:
+              vocab_tokens: tuple[list[str], list[str]] | None = None,
+              fingerprint: dict[str, dict] | None = None) -> TrainingData:
     """Read and encode the corpora of ``config`` (resolved first, see :meth:`DataConfig.resolved`).
 
     ``options`` say how text becomes tokens (default: :func:`text_options`, which trains the SentencePiece
     models of a subword config); a checkpoint's are given when resuming or measuring a trained model.
     ``vocab_tokens`` (the token lists of a checkpoint, specials included) are reused when resuming;
     otherwise the vocabularies are built from the training corpus (words) or are the SentencePiece
-    models' pieces. Raises FileNotFoundError / ValueError with messages meant for the user.
+    models' pieces. ``fingerprint`` is :meth:`DataConfig.fingerprint`, if the caller has it already (a
+    resume compares it first). Raises FileNotFoundError / ValueError with messages meant for the user.
     """
     config = config.resolved()
     train = _training_corpus(config)
@@ -219,4 +221,5 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
                 "training sentence: %s %.1f, %s %.1f", len(train_set), train_set.n_filtered, len(valid_set),
                 f", {len(test)} test pairs" if test else "", config.src, len(src_vocab), config.tgt, len(tgt_vocab),
                 unit, unit, config.src, train_set.src_lengths.mean(), config.tgt, train_set.tgt_lengths.mean())
-    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test, config.fingerprint())
+    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test,
+                        fingerprint or config.fingerprint())
