@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Resuming: the model, data, batching, seed and optimizer options are fixed for a run (a resume with "
         "others is refused); " + ", ".join(f"--{name.replace('_', '-')}" for name in CHANGEABLE_ON_RESUME)
         + " may change (applied and logged); the rest (device, parallelism, buffer backend, the corpora's paths) "
-        "are this session's. A resume on changed corpora is refused unless --restart-epoch.",
+        "are each command's own. A resume on changed corpora is refused unless --restart-epoch.",
         formatter_class=HelpFormatter)
     add_data_options(parser)
     add_model_options(parser)
