@@ -26,7 +26,7 @@ RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "
 # Options a resumed run may change: applied from the resumed step on, and logged.
 CHANGEABLE_ON_RESUME = ("lr", "clip", "lr_decay", "lr_patience", "min_lr", "epochs", "max_steps", "patience",
                         "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks")
-# Everything else concerns where and how this session runs (device, devices, hogwild, buffer_backend, the
+# Everything else concerns where and how one command runs (device, devices, hogwild, buffer_backend, the
 # corpora's paths, whose contents the data fingerprint checks): changed freely, not logged.
 
 
