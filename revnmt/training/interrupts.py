@@ -3,19 +3,18 @@ the step reached, and the run exits with 128 + the signal's number (130, 143), a
 ended by that signal. A second Ctrl-C aborts at once.
 
 The handler only sets a flag; the training loop reads it between updates (:meth:`StopRequest.requested`),
-so no update is ever cut in half and the checkpoint resumes as exactly as a periodic one.
+so no update is ever cut in half and the checkpoint resumes as exactly as a periodic one. It does not log:
+a handler runs between any two bytecodes of the main thread, also inside a log record's write to stderr,
+and a second write into the same buffered stream then fails ("reentrant call"). The trainer logs the stop.
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-
-logger = logging.getLogger(__name__)
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
@@ -58,9 +57,6 @@ def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
     def handle(signum: int, frame: FrameType | None) -> None:
         if stop.requested() and signum == signal.SIGINT:
             raise KeyboardInterrupt  # the user insists: no save
-        if not stop.requested():
-            logger.warning("%s received: finishing the current step, then saving (Ctrl-C again aborts without "
-                           "saving)", signal.Signals(signum).name)
         stop.request(signum)
 
     previous = {signum: signal.signal(signum, handle) for signum in HANDLED}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -253,6 +254,8 @@ class Trainer:
         while (reason := self.stop_reason()) is None:
             epoch_done = self._train_epoch()
             if self._should_stop():
+                logger.warning("%s received: saving %s at step %d", signal.Signals(self.stop.signum).name,
+                               LAST_CHECKPOINT, self.state.step)
                 self._save(best=False)
                 raise Interrupted(self.stop.signum, self.state.step)
             self._validate(end_of_epoch=epoch_done)
