@@ -24,16 +24,17 @@ whose step costs about the same at every batch size (launch- or Python-bound) sc
 for the input projection) both ways, ``torch.mm`` (the BLAS torch was built with) and ``revnmt.rnn.products.linear``
 (the sweeps' products: oneDNN on a CPU), and prints GFLOP/s of each: the seam's choice, measured.
 
-``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and
-time step in the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20,
-errors kept on the device as on CUDA); the reverse as a decoder's (a loss gradient on every output,
-reversed by chunks: each step but a chunk's first is undone, then backpropagated) and as an encoder's (no
-output gradients). Every ATen op but views and ``empty*`` counts, which on CUDA is about one kernel launch
-each; a Triton update is one custom op, so one launch. The numba backend's compiled calls are not
-dispatched through torch and count 0 (they are CPU loops, no launches). Without a GPU the Triton
-kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is set for this mode on a machine
-without CUDA): slow, but the count is the same. The products are counted as CUDA runs them (torch's, with
-oneDNN switched off on a CPU: ``revnmt.rnn.products``), where a product and its sum are one ``addmm_``.
+``--count-kernels`` times nothing: it counts the ops each buffer backend dispatches per layer and time step in
+the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20); the reverse as a
+decoder's (a loss gradient on every output, reversed by chunks: each step but a chunk's first is undone, then
+backpropagated) and as an encoder's (no output gradients). Every ATen op but views, ``empty*`` and host reads
+counts, which on CUDA is about one kernel launch each (a CPU buffer reads its error flag after every call,
+where that costs nothing; on CUDA it stays on the device); a Triton update is one custom op, so one launch.
+The numba backend's compiled calls are not dispatched through torch and count 0 (they are CPU loops, no
+launches). Without a GPU the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is set for
+this mode on a machine without CUDA): slow, but the count is the same. The products are counted as CUDA runs
+them (torch's, with oneDNN switched off on a CPU: ``revnmt.rnn.products``), where a product and its sum are
+one ``addmm_``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import buffers
-from revnmt.rnn import ReversibleRNN, TensorInput, products
+from revnmt.rnn import ReversibleRNN, TensorInput, backends, products
 from revnmt.rnn.ordinary import OrdinaryRNN
 
 # torch.backends.mkldnn.flags() (--count-kernels) also sets oneDNN's TF32 switch, which warns on a CPU-only torch.
@@ -104,7 +105,7 @@ def bench_case(cell: str, steps: int, batch: int, hidden: int, lanes: int | None
         (out * w).sum().backward()
 
     rev_ms, ord_ms = _time_pair(rev_step, ordinary_step, device, repeats)
-    case = {"cell": "rev" + cell, "T": steps, "batch": batch, "backend": buffers.backends.resolve(backend, device),
+    case = {"cell": "rev" + cell, "T": steps, "batch": batch, "backend": rev.backend_on(device).name,
             "buffer_lanes": rev.lanes_on(device), "reversible_ms": rev_ms,
             "ordinary_ms": ord_ms,
             "ratio": rev_ms / ord_ms, "reversible_tokens_per_s": 1000 * batch * steps / rev_ms,
@@ -133,7 +134,9 @@ def profile_breakdown(step, repeats: int) -> dict:
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts the ATen ops dispatched, but views (which launch nothing) and ``empty*`` (allocations)."""
+    """Counts the ATen ops dispatched, but views (which launch nothing), ``empty*`` (allocations) and host reads
+    (``_local_scalar_dense``: a CPU buffer checks its error flag after every call, where it costs nothing; on
+    CUDA the flag stays on the device)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -142,7 +145,8 @@ class _OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         returns = func._schema.returns
         view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-        self.count += not (view or func.__name__.startswith("empty"))
+        host_read = func is torch.ops.aten._local_scalar_dense.default
+        self.count += not (view or host_read or func.__name__.startswith("empty"))
         return func(*args, **(kwargs or {}))
 
 
@@ -156,8 +160,7 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
     x = torch.randn(steps, batch, hidden, device=device)
     w = torch.randn(steps, batch, hidden, device=device)
     mask = torch.ones(steps, batch, dtype=torch.bool, device=device)
-    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_backend=backend,
-                        eager_checks=False).to(device)
+    rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_backend=backend).to(device)
     inputs = TensorInput(x)
     with torch.backends.mkldnn.flags(enabled=False):
         rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])  # warm-up
@@ -211,8 +214,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--buffer-lanes", type=int, nargs="+", default=[None],
                         help="buffer lanes per row to time (default: the layer's default for the device)")
-    parser.add_argument("--backend", default="auto", choices=buffers.BACKENDS,
-                        help="the buffer backend of the reversible layers (see buffers.backends)")
+    parser.add_argument("--backend", default="auto", choices=backends.CHOICES,
+                        help="the buffer backend of the reversible layers (see revnmt.rnn.backends)")
     parser.add_argument("--count-kernels", action="store_true",
                         help="count the ops every backend dispatches per layer and step instead of timing")
     parser.add_argument("--products", action="store_true",

@@ -1,21 +1,21 @@
-"""Training-step time of a reversible layer per chunk of recurrent weight gradients (WEIGHT_GRAD_STEPS).
+"""Training-step time of a reversible layer per chunk of recurrent weight gradients (Backend.weight_grad_steps).
 
     python benchmarks/weight_grad_chunks.py [--chunks 1 2 4 8 16] [--steps 14 50] [--repeats 10]
 
 One 300-unit layer, batch 64, forward and backward sweep with a loss on every output, as in
 benchmarks/layers.py. The chunk sizes take turns within each repetition; the median after one
-warm-up is printed in ms. The chunk size is set on the module (for every backend) for the measurement only.
+warm-up is printed in ms. The chunk size is set on the layer's backend for the measurement only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 import torch
 
-import revnmt.rnn.reversible as reversible
 from revnmt.rnn import ReversibleRNN, TensorInput
 
 
@@ -31,23 +31,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[14, 50])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
-    default = reversible.WEIGHT_GRAD_STEPS
     print(f"training step ms by weight-gradient chunk, batch 64, 300 units, cpu ({torch.get_num_threads()} threads)")
     for cell in ("revgru", "revlstm"):
         for steps in args.steps:
             torch.manual_seed(0)
             rnn = ReversibleRNN(cell, 300, 300)
+            backend = rnn.backend_on(torch.device("cpu"))
             x, w = torch.randn(steps, 64, 300), torch.randn(steps, 64, 300)
             mask = torch.ones(steps, 64, dtype=torch.bool)
 
             times: dict[int, list[float]] = {n: [] for n in args.chunks}
             for _ in range(args.repeats):
                 for n in args.chunks:
-                    reversible.WEIGHT_GRAD_STEPS = dict.fromkeys(default, n)
+                    # The backend with another chunk: the sweeps read it from backend_on.
+                    variant = dataclasses.replace(backend, weight_grad_steps=n)
+                    rnn.backend_on = lambda device, variant=variant: variant
                     start = time.perf_counter()
                     _step(rnn, x, w, mask)
                     times[n].append(time.perf_counter() - start)
-            reversible.WEIGHT_GRAD_STEPS = default
             cells = "  ".join(f"{n}: {statistics.median(t[1:]) * 1e3:.1f}" for n, t in times.items())
             print(f"{cell:8} T={steps:<3} {cells}", flush=True)
 

@@ -13,6 +13,7 @@ import torch
 
 from . import backends
 from .fixed import FORGET_ONE
+from .fused import PopPlan, PushPlan, Update
 from .words import BAD_NUMERATOR, BufferError, WordStack, numerator_message
 
 
@@ -63,13 +64,9 @@ class InformationBuffer:
         elsewhere (e.g. an attention slice): they take the plain floor product and skip the buffer.
         """
         self._check_update("push_update", h, z, u, mask, stored)
-        words = self.words
-        widths = words.update_widths(h.shape[1], stored)
-        words.reserve(len(widths))
-        out, lost = self.backend.push_update(words, h, z, u, mask, stored, words.pushes)
-        if widths:
-            words.record_push(widths, lost)
-        words.after_call()
+        plan = self.plan_push((h.shape[1], stored))
+        out, lost = self.backend.push_update(self.words, h, z, u, mask, stored, plan.flags[0])
+        plan.done(lost)
         return out
 
     def pop_update(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
@@ -77,14 +74,22 @@ class InformationBuffer:
         """The exact inverse of the matching :meth:`push_update`, but for the first ``stored`` columns,
         which hold h − u: the caller restores them from where they were kept."""
         self._check_update("pop_update", h, z, u, mask, stored)
-        words = self.words
-        widths = words.update_widths(h.shape[1], stored)
-        words.check_pop(widths)
-        out = self.backend.pop_update(words, h, z, u, mask, stored, words.pushes - len(widths))
-        if widths:
-            words.record_pop(widths)
-        words.after_call()
+        plan = self.plan_pop((h.shape[1], stored))
+        out = self.backend.pop_update(self.words, h, z, u, mask, stored, plan.flags[0])
+        plan.done()
         return out
+
+    # ------------------------------------------------------------------ fused updates (buffers.fused)
+
+    def plan_push(self, *updates: Update) -> PushPlan:
+        """The books of a fused call that pushes ``updates`` ((width, stored) each, in push order): the
+        stack made large enough, each update's first flag, and :meth:`PushPlan.done` to record them."""
+        return PushPlan(self.words, updates)
+
+    def plan_pop(self, *updates: Update) -> PopPlan:
+        """The books of a fused call that pops ``updates`` (given in push order), checked to mirror the last
+        pushes: each update's first flag, and :meth:`PopPlan.done` to record the pops."""
+        return PopPlan(self.words, updates)
 
     # ------------------------------------------------------------------ Algorithm 1 on numerators
 
@@ -98,24 +103,18 @@ class InformationBuffer:
         push per chunk, so that few lanes fill whole words instead of many lanes holding a
         mostly empty one each.
         """
-        words = self.words
-        h, zl, active = self._folded("push_mul", h, z, mask)
-        widths = words.chunk_widths(h.shape[1])
-        words.reserve(len(widths))
-        out, lost = self.backend.push_mul(words, h, zl, active, words.pushes)
-        words.record_push(widths, lost)
-        words.after_call()
+        folded, zl, active = self._folded("push_mul", h, z, mask)
+        plan = self.plan_push((h.shape[1], 0))
+        out, lost = self.backend.push_mul(self.words, folded, zl, active, plan.flags[0])
+        plan.done(lost)
         return out.reshape(self.batch, -1)
 
     def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
-        words = self.words
-        h, zl, active = self._folded("pop_div", h, z, mask)
-        widths = words.chunk_widths(h.shape[1])
-        words.check_pop(widths)
-        out = self.backend.pop_div(words, h, zl, active, words.pushes - len(widths))
-        words.record_pop(widths)
-        words.after_call()
+        folded, zl, active = self._folded("pop_div", h, z, mask)
+        plan = self.plan_pop((h.shape[1], 0))
+        out = self.backend.pop_div(self.words, folded, zl, active, plan.flags[0])
+        plan.done()
         return out.reshape(self.batch, -1)
 
     # ------------------------------------------------------------------ state and accounting

@@ -1,13 +1,23 @@
 """The triton backend: one Triton kernel per pushed or popped update, for CUDA.
 
-Each call is a single program that holds the live slab (all lane rows × lanes) in registers and
-walks the group's chunks in order, as the numba loops do: the overflow decision of a chunk is a
-reduction over the whole slab and changes what the next chunk sees, so the chunks of one group
-cannot run in parallel. The kernel also does what surrounds the buffer in an update: it quantizes
-the forget gate, rounds the additive term, takes the plain floor product of the stored columns,
-adds, and checks every int32 range, writing an error code to ``words.status`` instead of raising,
-so that nothing is read on the host per step. The stack height ``top`` stays on the device; the
-host sizes the stack from the proven bound (:mod:`buffers.words`).
+An update's device work is one walk over its columns (:func:`push_walk`, :func:`pop_walk`), written
+here once for every caller. The walk takes z and u from a ``triton.jit`` function passed as an
+argument, ``terms(args, rows, columns, valid)``: float gates, which the walk quantizes and rounds as
+:meth:`~buffers.InformationBuffer.push_update` does (:func:`fixed_terms`), or, with ``GATES`` off
+(``push_mul``, ``pop_div``), numerators the caller checked and no additive term. The buffer's own
+kernels load them from tensors (:func:`_load_terms`); a fused RNN kernel computes them from its
+products where they would be loaded (:mod:`revnmt.rnn.kernels.triton_steps`), so its words are those
+this backend makes from the same z and u. The host keeps the books of a fused call through
+:mod:`buffers.fused`.
+
+A walk is a single program that holds the live slab (all lane rows × lanes) in registers and walks
+the update's chunks in order, as the numba loops do: the overflow decision of a chunk is a reduction
+over the whole slab and changes what the next chunk sees, so the chunks of one update cannot run in
+parallel. The stored columns, which skip the buffer, take the plain floor product. The walk adds,
+and checks every int32 range, writing an error code to ``words.status`` instead of raising, so that
+nothing is read on the host per step. The stack height ``top`` stays on the device; the host sizes
+the stack from the proven bound (:mod:`buffers.words`). A kernel opens the slab, runs its walks and
+closes it (:func:`open_slab`, :func:`close_slab`).
 
 The arithmetic is integer and exact, so it is the same on any device; the tests run these kernels
 under ``TRITON_INTERPRET=1`` on CPU tensors and compare them bit for bit with the numba and torch
@@ -35,6 +45,7 @@ from . import BufferBackend
 FORGET_ONE = tl.constexpr(fixed.FORGET_ONE)
 FORGET_RADIX = tl.constexpr(fixed.FORGET_RADIX)
 HIDDEN_SCALE = tl.constexpr(float(1 << fixed.HIDDEN_RADIX))
+TO_FLOAT = tl.constexpr(2.0 ** -fixed.HIDDEN_RADIX)
 INT32_MIN = tl.constexpr(fixed.INT32_MIN)
 INT32_MAX = tl.constexpr(fixed.INT32_MAX)
 WORD_LIMIT = tl.constexpr(wordstack.WORD_LIMIT)
@@ -43,6 +54,9 @@ STATE_OVERFLOW = tl.constexpr(wordstack.STATE_OVERFLOW)
 OUT_OF_RANGE = tl.constexpr(wordstack.OUT_OF_RANGE)
 
 _ELEMENT_BLOCK = 1024  # elements per iteration over the stored columns
+
+
+# ---------------------------------------------------------------------------- fixed point
 
 
 @triton.jit
@@ -64,13 +78,13 @@ def _rint(x):
 
 
 @triton.jit
-def _fixed_terms(z, u, live, valid, min_numerator):
+def fixed_terms(z, u, live, valid, min_numerator):
     """The integer terms of float gates: (z*, fixed-point u, where u left int32).
 
     z* = round(z·2^R_Z) clamped to [min_numerator, 2^R_Z] and u = round(u·2^23), 0 on padded rows
     (as buffers.fixed.quantize_forget and to_fixed). A NaN z takes the minimum numerator and a NaN u
-    counts as out of range. Shared with the fused half-steps (revnmt.rnn.kernels.triton_steps), whose
-    gates must quantize exactly as an update's.
+    counts as out of range. A fused kernel's derivative takes its z* from here too: it must be the
+    walk's to the bit.
     """
     q = _rint(z.to(tl.float64) * FORGET_ONE)
     q = tl.where(q >= min_numerator, q, min_numerator)  # written so that NaN takes the minimum
@@ -82,24 +96,9 @@ def _fixed_terms(z, u, live, valid, min_numerator):
 
 
 @triton.jit
-def _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs,
-                 min_numerator, GATES: tl.constexpr):
-    """Row b, column col of an update: (live row, z*, fixed-point u, where u left int32, h as int64).
-
-    With GATES, z and u are floats (:func:`_fixed_terms`). Without, z holds numerators the caller
-    checked and there is no additive term.
-    """
-    live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
-    hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
-    if GATES:
-        zq, ui, bad_term = _fixed_terms(tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=1.0),
-                                        tl.load(u_ptr + b * u_rs + col * u_cs, mask=valid, other=0.0), live, valid,
-                                        min_numerator)
-    else:
-        zq = tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=FORGET_ONE).to(tl.int64)
-        bad_term = tl.zeros_like(valid)
-        ui = tl.zeros_like(zq)
-    return live, zq, ui, bad_term, hv
+def to_float(v):
+    """A fixed-point state as float32, as buffers.to_float: converted (rounded), times an exact power of two."""
+    return v.to(tl.float32) * TO_FLOAT
 
 
 @triton.jit
@@ -113,8 +112,11 @@ def _record(status, bad, code):
     return tl.maximum(status, tl.max(tl.where(bad, code, 0), axis=0))
 
 
+# ---------------------------------------------------------------------------- the lanes
+
+
 @triton.jit
-def _elements(start, batch, columns, ELEMENT_BLOCK: tl.constexpr):
+def elements(start, batch, columns, ELEMENT_BLOCK: tl.constexpr):
     """A block of the first ``columns`` columns of [batch, ...], read row after row from element ``start``:
     (valid, row, column). The stored columns are walked this way, elementwise."""
     e = start + tl.arange(0, ELEMENT_BLOCK)
@@ -134,6 +136,25 @@ def _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored):
     valid = lane_ok & (j < folded_width)
     flat = r * folded_width + j
     return valid, flat // buffered, stored + flat % buffered
+
+
+@triton.jit
+def open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
+    """The live slab of words, the stack height and the error code (none yet), as a kernel's walks start."""
+    lane = tl.arange(0, LANE_BLOCK)
+    return tl.load(curr_ptr + lane, mask=lane < lane_rows * lanes, other=0), tl.load(top_ptr), tl.full([], 0, tl.int32)
+
+
+@triton.jit
+def close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
+    """Store the slab, the height and the error code (the largest so far) as a kernel's walks end."""
+    lane = tl.arange(0, LANE_BLOCK)
+    tl.store(curr_ptr + lane, cur, mask=lane < lane_rows * lanes)
+    tl.store(top_ptr, top)
+    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+
+
+# ---------------------------------------------------------------------------- the walks
 
 
 @triton.jit
@@ -168,47 +189,146 @@ def _pop_chunk(before, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, fla
 
 
 @triton.jit
-def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
-                 curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
-                 batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
-                 GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
-    """h ← z·h + u for one update: the stored columns by the floor product, the rest through the buffer."""
-    status = 0
-    # The stored columns: elementwise, no buffer.
+def _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, min_numerator,
+                GATES: tl.constexpr):
+    """Lanes (b, col) of an update: (live row, z*, fixed-point u, where u left int32, h as int64).
+
+    ``terms(args, b, col, valid)`` returns (z, u, ...): with GATES float gates, quantized here
+    (:func:`fixed_terms`); without, z* and u as int64, taken as they are (the caller checked them).
+    """
+    live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
+    hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
+    gates = terms(args, b, col, valid)
+    if GATES:
+        zq, ui, bad_term = fixed_terms(gates[0], gates[1], live, valid, min_numerator)
+    else:
+        zq, ui, bad_term = gates[0], gates[1], tl.zeros_like(valid)
+    return live, zq, ui, bad_term, hv
+
+
+@triton.jit
+def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, stack_ptr, flags_ptr,
+              lost_table_ptr, cur, top, status, batch, width, stored, lane_rows, lanes, min_numerator,
+              GATES: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """h ← z·h + u for one update of a [batch, width] state into ``out``: the first ``stored`` columns by
+    the floor product, the rest through the buffer, one chunk after another onto the slab ``cur`` (stack
+    height ``top``), the first chunk's overflow flag at ``flags_ptr``. z and u come from ``terms`` (see
+    :func:`_lane_terms`); ``mask`` marks the live lanes (strided as h is, or a row mask: column stride 0). With
+    FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (slab, height, bits
+    destroyed, error code)."""
     for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
-        live, zq, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
-                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        ok, b, col = elements(start, batch, stored, ELEMENT_BLOCK)
+        live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, ok, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs,
+                                                 min_numerator, GATES)
         value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
         bad = _outside_int32(value, ok)
-        tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=ok)
+        value = tl.where(bad, 0, value)
+        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=ok)
+        if FLOAT:
+            tl.store(float_ptr + b * width + col, to_float(value), mask=ok)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
 
-    # The buffered columns, chunk after chunk onto the live slab.
     slab = lane_rows * lanes
     lane = tl.arange(0, LANE_BLOCK)
     lane_ok = lane < slab
     buffered = width - stored
     folded_width = batch * buffered // lane_rows
-    cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
-    top = tl.load(top_ptr)
     lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
     for c in range(0, tl.cdiv(folded_width, lanes)):
         valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
-                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
+        live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
+                                                 m_cs, min_numerator, GATES)
         active = valid & live
-        product, cur, top = _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
-                                        flags_ptr + first_flag + c)
+        product, cur, top = _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, flags_ptr + c)
         value = product + ui
         bad = _outside_int32(value, valid)
-        tl.store(out_ptr + b * width + col, tl.where(bad, 0, value).to(tl.int32), mask=valid)
+        value = tl.where(bad, 0, value)
+        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
+        if FLOAT:
+            tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
         lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-    tl.store(curr_ptr + lane, cur, mask=lane_ok)
-    tl.store(top_ptr, top)
-    tl.store(lost_ptr, tl.sum(lost, axis=0))
-    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+    return cur, top, tl.sum(lost, axis=0), status
+
+
+@triton.jit
+def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, restore_ptr,
+             restore_rs, stack_ptr, flags_ptr, cur, top, status, batch, width, stored, lane_rows, lanes, min_numerator,
+             GATES: tl.constexpr, RESTORE: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
+             ELEMENT_BLOCK: tl.constexpr):
+    """The exact inverse of :func:`push_walk` with the same z and u, the chunks popped last first, but for
+    the stored columns: they get h − u, or with RESTORE their previous values, copied from ``restore``
+    (where the caller kept them). Returns (slab, height, error code)."""
+    for start in range(0, batch * stored, ELEMENT_BLOCK):
+        ok, b, col = elements(start, batch, stored, ELEMENT_BLOCK)
+        if RESTORE:
+            value = tl.load(restore_ptr + b * restore_rs + col, mask=ok)
+        else:
+            _, _, ui, bad_term, hv = _lane_terms(terms, args, b, col, ok, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
+                                                 m_cs, min_numerator, GATES)
+            before = hv - ui
+            bad = _outside_int32(before, ok)
+            value = tl.where(bad, 0, before)
+            status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=ok)
+        if FLOAT:
+            tl.store(float_ptr + b * width + col, to_float(value), mask=ok)
+
+    slab = lane_rows * lanes
+    lane = tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < slab
+    buffered = width - stored
+    folded_width = batch * buffered // lane_rows
+    chunks = tl.cdiv(folded_width, lanes)
+    for back in range(0, chunks):
+        c = chunks - 1 - back
+        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+        live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
+                                                 m_cs, min_numerator, GATES)
+        active = valid & live
+        before = hv - ui
+        bad = _outside_int32(before, valid)
+        value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
+                                     flags_ptr + c)
+        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
+        if FLOAT:
+            tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
+        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+        status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
+    return cur, top, status
+
+
+# ---------------------------------------------------------------------------- the buffer's kernels
+
+
+@triton.jit
+def _load_terms(args, b, col, valid):
+    """z and u as an update is given them: float gates, or int64 numerators and no u (GATES off). The
+    pointer's type tells them apart when the kernel compiles (a constexpr in ``args`` would not stay one)."""
+    z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs = args
+    if z_ptr.dtype.element_ty.is_floating():
+        z = tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=1.0)
+        u = tl.load(u_ptr + b * u_rs + col * u_cs, mask=valid, other=0.0)
+    else:
+        z = tl.load(z_ptr + b * z_rs + col * z_cs, mask=valid, other=FORGET_ONE).to(tl.int64)
+        u = tl.zeros_like(z)
+    return z, u
+
+
+@triton.jit
+def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
+                 curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
+                 batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
+                 GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+    """h ← z·h + u for one update (``out`` is [batch, width], contiguous)."""
+    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, lost, status = push_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
+                                       mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, stack_ptr, flags_ptr + first_flag,
+                                       lost_table_ptr, cur, top, status, batch, width, stored, lane_rows, lanes,
+                                       min_numerator, GATES=GATES, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
+                                       ELEMENT_BLOCK=ELEMENT_BLOCK)
+    tl.store(lost_ptr, lost)
+    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
 
 
 @triton.jit
@@ -217,40 +337,13 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
                 batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
                 GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """The exact inverse of :func:`_push_kernel`, but for the stored columns, which get h − u."""
-    status = 0
-    for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
-        _, _, ui, bad_term, hv = _load_update(b, col, ok, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs,
-                                              mask_ptr, m_rs, m_cs, min_numerator, GATES)
-        before = hv - ui
-        bad = _outside_int32(before, ok)
-        tl.store(out_ptr + b * width + col, tl.where(bad, 0, before).to(tl.int32), mask=ok)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-
-    slab = lane_rows * lanes
-    lane = tl.arange(0, LANE_BLOCK)
-    lane_ok = lane < slab
-    buffered = width - stored
-    folded_width = batch * buffered // lane_rows
-    chunks = tl.cdiv(folded_width, lanes)
-    cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
-    top = tl.load(top_ptr)
-    for back in range(0, chunks):
-        c = chunks - 1 - back
-        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live, zq, ui, bad_term, hv = _load_update(b, col, valid, h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs,
-                                                  u_cs, mask_ptr, m_rs, m_cs, min_numerator, GATES)
-        active = valid & live
-        before = hv - ui
-        bad = _outside_int32(before, valid)
-        value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
-                                     flags_ptr + first_flag + c)
-        tl.store(out_ptr + b * width + col, value.to(tl.int32), mask=valid)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-        status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
-    tl.store(curr_ptr + lane, cur, mask=lane_ok)
-    tl.store(top_ptr, top)
-    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, status = pop_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
+                                mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, out_ptr, width, stack_ptr,
+                                flags_ptr + first_flag, cur, top, status, batch, width, stored, lane_rows, lanes,
+                                min_numerator, GATES=GATES, RESTORE=False, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
+                                ELEMENT_BLOCK=ELEMENT_BLOCK)
+    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
 
 
 #: Compiler options every launch pins. No contraction of a·b + c into an FMA: the kernels' float
@@ -294,7 +387,7 @@ def _strided(t: torch.Tensor) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _lost_table(device: torch.device) -> torch.Tensor:
+def lost_table(device: torch.device) -> torch.Tensor:
     """R_Z − log2 z* for every numerator z* (index 0 unused), as the numba loops look it up."""
     z = torch.arange(fixed.FORGET_ONE + 1, dtype=torch.float64).clamp(min=1)
     return (fixed.FORGET_RADIX - torch.log2(z)).to(device)
@@ -330,7 +423,7 @@ class TritonBackend(BufferBackend):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
         _push_op(h, z, u, mask, out, words.curr, words.stack, words.top,
-                 words.flags, words.status, lost, _lost_table(h.device), stored, first_flag, words.min_numerator,
+                 words.flags, words.status, lost, lost_table(h.device), stored, first_flag, words.min_numerator,
                  gates)
         return out, lost
 
@@ -348,3 +441,9 @@ def _lanes_mask(h: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         return torch.ones((1, 1), dtype=torch.bool, device=h.device).expand_as(h)
     return active
 
+
+__all__ = [
+    "COMPILE_OPTIONS", "FORGET_ONE", "FORGET_RADIX", "HIDDEN_SCALE", "INT32_MAX", "INT32_MIN", "OUT_OF_RANGE",
+    "STATE_OVERFLOW", "TERM_OVERFLOW", "TO_FLOAT", "WORD_LIMIT", "TritonBackend", "close_slab", "elements",
+    "fixed_terms", "launch_options", "lost_table", "open_slab", "pop_walk", "push_walk", "to_float",
+]

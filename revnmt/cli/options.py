@@ -7,11 +7,10 @@ import argparse
 
 import torch
 
-from buffers import BACKENDS, backends
 from revnmt.data import DEFAULT_VOCAB_SIZE, SPECIALS, SUBWORD_TYPES, DataConfig
 from revnmt.memory.sizes import parse_bytes
 from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
-from revnmt.rnn import DEFAULT_LANES
+from revnmt.rnn import backends
 
 
 def positive_int(text: str) -> int:
@@ -133,12 +132,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        "backward and recomputing the steps between (auto: K = ceil(sqrt(T)) per batch); default: none")
     model.add_argument("--buffer-lanes", type=int, default=defaults.buffer_lanes,
                        help="information-buffer lanes per sentence, shared by the batch (reversible RNNs; default: "
-                       f"{DEFAULT_LANES['numba']} with the numba backend, {DEFAULT_LANES['triton']} with triton or "
-                       "torch)")
+                       + ", ".join(f"{b.lanes} with {b.name}" for b in backends.BACKENDS.values()) + ")")
     model.add_argument("--decoder-chunk-steps", type=int, default=defaults.decoder_chunk_steps,
                        help="reversible RNNs: decoder steps undone before their attention and loss are "
                        "backpropagated in one batched call; more is faster and holds more memory per sentence")
-    model.add_argument("--buffer-backend", choices=BACKENDS, default=defaults.buffer_backend,
+    model.add_argument("--buffer-backend", choices=backends.CHOICES, default=defaults.buffer_backend,
                        help="where the information buffer's arithmetic runs (reversible RNNs): compiled CPU loops "
                        "(numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, any device; "
                        "slow); auto: numba on CPU, triton on CUDA. All give the same results bit for bit")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from buffers import BACKENDS, MAX_FORGET_CHOICES
+from buffers import MAX_FORGET_CHOICES
+from revnmt.rnn import backends
 
 RNN_TYPES = ("revgru", "revlstm", "gru", "lstm")
 ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
@@ -22,8 +23,8 @@ class ModelConfig:
     attention: str = "emb+slice"
     slice_dim: int = 20
     max_forget_bits: int | None = 3
-    buffer_lanes: int | None = None  # None: revnmt.rnn.reversible.DEFAULT_LANES for the backend
-    buffer_backend: str = "auto"  # where the buffer's arithmetic runs (buffers.backends); same results
+    buffer_lanes: int | None = None  # None: the backend's default (revnmt.rnn.backends)
+    buffer_backend: str = "auto"  # where the buffer's arithmetic runs (revnmt.rnn.backends); same results
     # Ordinary RNNs only: recompute the recurrent layers in backward from checkpoints every K steps
     # (an int, or "auto": ⌈√T⌉ per batch); None keeps every step for backward.
     checkpoint_steps: int | str | None = None
@@ -39,15 +40,11 @@ class ModelConfig:
         return self.rnn.startswith("rev")
 
     @property
-    def uses_slice(self) -> bool:
-        return self.attention in ("slice", "emb+slice", "hidden")
-
-    @property
     def stored_units(self) -> int:
         """Units of the top encoder layer kept per source position for attention."""
         if self.attention == "hidden":
             return self.hidden_size
-        return self.slice_dim if self.uses_slice else 0
+        return self.slice_dim if self.attention in ("slice", "emb+slice") else 0
 
     @property
     def memory_dim(self) -> int:
@@ -72,8 +69,7 @@ class ModelConfig:
             if not 1 <= self.slice_dim <= self.hidden_size // 2:
                 raise ValueError(f"--slice-dim must be in [1, hidden_size/2 = {self.hidden_size // 2}] for "
                                  f"{self.attention!r} attention, got {self.slice_dim}")
-        if self.buffer_backend not in BACKENDS:
-            raise ValueError(f"unknown --buffer-backend {self.buffer_backend!r}; choose one of {', '.join(BACKENDS)}")
+        backends.check_name(self.buffer_backend)
         if self.checkpoint_steps is not None:
             if self.reversible:
                 raise ValueError("--checkpoint-steps is for ordinary RNNs (gru, lstm): reversible ones keep no "

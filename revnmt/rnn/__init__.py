@@ -1,7 +1,9 @@
 """Recurrent layers: reversible (trained by reversal) and ordinary (cuDNN) ones."""
 
-from .cells import REV_CELLS, RevGRUCell, RevLSTMCell
-from .reversible import DEFAULT_LANES, ReversalError, ReversibleRNN, SequenceInput, Tape, TensorInput
+from .backends import BACKENDS, Backend
+from .cells import REV_CELLS, RevCell, RevGRUCell, RevLSTMCell
+from .inputs import SequenceInput, TensorInput
+from .reversible import ReversalError, ReversibleRNN, Tape
 
-__all__ = ["DEFAULT_LANES", "REV_CELLS", "ReversalError", "ReversibleRNN", "RevGRUCell", "RevLSTMCell",
-           "SequenceInput", "Tape", "TensorInput"]
+__all__ = ["BACKENDS", "REV_CELLS", "Backend", "ReversalError", "ReversibleRNN", "RevCell", "RevGRUCell",
+           "RevLSTMCell", "SequenceInput", "Tape", "TensorInput"]

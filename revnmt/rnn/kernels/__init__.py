@@ -8,10 +8,8 @@ the hand-written derivative. Written as torch ops (``revnmt.rnn.cells``, the rea
 that is some thirty small ops per half; a :class:`StepKernels` does each elementwise stretch in one
 call, with the products around it where that saves launches on a GPU (RevGRU's z, r product and the
 products of its backward to h_j: the Triton kernels compute them with ``tl.dot``, the numba kernels call
-:mod:`revnmt.rnn.products`). The family is chosen by the buffer backend (the
-``buffer_backend`` argument, resolved once when the buffer is made): :func:`step_kernels` maps a
-resolved backend name to its kernels (numba on CPU, Triton on CUDA), or to ``None`` for the torch
-reference.
+:mod:`revnmt.rnn.products`). Each backend of :mod:`revnmt.rnn.backends` names its kernels (numba on CPU,
+Triton on CUDA; none for torch, whose steps are the cells' reference), and a sweep passes them down.
 
 Exactness: the reverse recomputes the forward's gates to decode the buffer, so both sweeps must
 compute every gate with the same code on the same device. An implementation therefore computes
@@ -26,7 +24,6 @@ from abc import ABC, abstractmethod
 import torch
 
 from buffers import InformationBuffer
-from buffers.words import WordStack
 
 
 class StepKernels(ABC):
@@ -41,7 +38,7 @@ class StepKernels(ABC):
     the stored columns' previous values, over its first columns), while without one (``buf=None``)
     ``prev`` holds the exact previous half and nothing is popped; ``grad=None`` skips the derivative, otherwise
     ``grad`` (d loss / d new half, updated in place into d loss / d previous half) is backpropagated
-    into the pre-activation gradients; ``extra`` (d loss / d the half's output h, from outside the layer: a
+    into the pre-activation gradients; ``grad_out`` (d loss / d the half's output h, from outside the layer: a
     decoder's loss) is added to d loss / d new h first. A reverse kernel given ``prev_float`` also writes the
     float copy of the previous h there: the next half's recurrent input, which then needs no conversion of its own.
     """
@@ -68,7 +65,7 @@ class StepKernels(ABC):
                     s: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
                     prev: torch.Tensor, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
                     grad_g: torch.Tensor | None, prev_float: torch.Tensor | None = None,
-                    extra: torch.Tensor | None = None) -> None:
+                    grad_out: torch.Tensor | None = None) -> None:
         """Undo :meth:`gru_push` into ``prev`` (int32; see the class docstring); with ``grad``, write
         d loss / d pre-activation of z and of g into ``grad_z``, ``grad_g``."""
 
@@ -95,44 +92,7 @@ class StepKernels(ABC):
                      grad: tuple[torch.Tensor, torch.Tensor] | None,
                      grad_pre: torch.Tensor | None, read: torch.Tensor | None = None,
                      inputs: torch.Tensor | None = None, prev_float: torch.Tensor | None = None,
-                     extra: torch.Tensor | None = None) -> None:
+                     grad_out: torch.Tensor | None = None) -> None:
         """Undo :meth:`lstm_push` (h popped, then c) into ``prev`` = (h, c); with ``grad`` (d loss / d
         new h, c), write the gates' pre-activation gradients [B, 5H] into ``grad_pre`` and copy the half's
         recurrent input h_j (``read``) into ``inputs`` (its weight-gradient slot)."""
-
-
-def record_pushes(words: WordStack, groups: list[tuple[list[int], float | torch.Tensor]]) -> None:
-    """Note the pushed groups' widths and destroyed bits after a fused push, as
-    :meth:`InformationBuffer.push_update` does after its backend call."""
-    for widths, lost in groups:
-        if widths:
-            words.record_push(widths, lost)
-    words.after_call()
-
-
-def check_pops(words: WordStack, groups: list[list[int]]) -> int:
-    """Check that the last pushes are ``groups`` (in push order); returns the first flag of the first group."""
-    widths = [w for group in groups for w in group]
-    words.check_pop(widths)
-    return words.pushes - len(widths)
-
-
-def record_pops(words: WordStack, groups: list[list[int]]) -> None:
-    """Note the popped groups after a fused pop, as :meth:`InformationBuffer.pop_update` does."""
-    for widths in reversed(groups):
-        if widths:
-            words.record_pop(widths)
-    words.after_call()
-
-
-def step_kernels(backend: str) -> StepKernels | None:
-    """The fused kernels of a resolved buffer backend name, or ``None``: the cells' torch reference."""
-    if backend == "numba":
-        from .numba_steps import NUMBA_STEPS  # numba compiles on first use: imported on demand
-
-        return NUMBA_STEPS
-    if backend == "triton":
-        from .triton_steps import TRITON_STEPS  # triton is absent from CPU installs without the gpu extra
-
-        return TRITON_STEPS
-    return None

@@ -29,12 +29,13 @@ import torch
 from numba import njit
 
 from buffers import to_float
-from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms, push_terms, word_arrays
+from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms, push_terms
 from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
-from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT, WordStack
+from buffers.fused import PopPlan, PushPlan
+from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT
 
 from .. import products
-from . import StepKernels, check_pops, record_pops, record_pushes
+from . import StepKernels, activations
 
 # The error model "numpy" drops the division-by-zero checks of Python semantics (a float division by
 # zero is inf, as in torch); fastmath stays off, see the module docstring.
@@ -48,15 +49,10 @@ _PER_NUMERATOR = np.float32(1.0 / FORGET_ONE)
 # ---------------------------------------------------------------------------- shared elementwise helpers
 
 
-# tanh(x) ≈ x·P(x²)/Q(x²) on [−c, c] (Eigen's float32 rational fit; tanh(±c) rounds to ±1 within a few
-# ulp). It is multiplies, adds and one division, so LLVM vectorizes it: a libm tanhf call per element
-# cost more than the rest of the step. Error a few ulp of float32, below the fixed point's 2^-23.
-_TANH_CLAMP = np.float32(7.90531110763549805)
-_A1, _A3, _A5, _A7, _A9, _A11, _A13 = (np.float32(v) for v in (
-    4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
-    -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16))
-_B0, _B2, _B4, _B6 = (np.float32(v) for v in (
-    4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06))
+# The rational tanh of .activations, in float32 (see there why it is not libm's).
+_TANH_CLAMP = np.float32(activations.TANH_CLAMP)
+_A1, _A3, _A5, _A7, _A9, _A11, _A13 = (np.float32(v) for v in activations.TANH_NUMERATOR)
+_B0, _B2, _B4, _B6 = (np.float32(v) for v in activations.TANH_DENOMINATOR)
 _HALF = np.float32(0.5)
 
 
@@ -334,20 +330,9 @@ def _no_words() -> tuple[np.ndarray, ...]:
     return (np.empty((1, 1), np.int64), np.empty((1, 1, 1), np.int64), np.zeros(1, np.int64), np.zeros(1, np.bool_))
 
 
-def _reserve(words: WordStack, groups: list[list[int]]) -> int:
-    """Reserve the pushes of ``groups`` (widths per group); returns the first flag."""
-    words.reserve(sum(len(w) for w in groups))
-    return words.pushes
-
-
-def _record_push(words: WordStack, status: int, groups: list[tuple[list[int], float]]) -> None:
-    words.record_code(status)
-    record_pushes(words, groups)
-
-
-def _record_pops(words: WordStack, status: int, groups: list[list[int]]) -> None:
-    words.record_code(status)
-    record_pops(words, groups)
+def _arrays(plan: PushPlan | PopPlan) -> tuple[np.ndarray, ...]:
+    """The word arrays a walk updates in place: live words, stack, height, flags (errors come back as codes)."""
+    return tuple(t.numpy() for t in plan.tensors()[:4])
 
 
 def _limit(max_bits: int | None) -> tuple[np.float32, int]:
@@ -377,33 +362,27 @@ class NumbaSteps(StepKernels):
         return s
 
     def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
-        words = buf.words
-        widths = words.update_widths(h.shape[1], stored)
-        first = _reserve(words, [widths])
+        plan = buf.plan_push((h.shape[1], stored))
         new_float = torch.empty(h.shape)
         status, lost = gru_push(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), stored,
-                                *_limit(max_bits), *word_arrays(words), first, WORD_LIMIT,
+                                *_limit(max_bits), *_arrays(plan), plan.flags[0], WORD_LIMIT,
                                 out.numpy(), new_float.numpy())
-        _record_push(words, status, [(widths, lost)])
+        plan.done(lost, status=status)
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
-                    prev_float=None, extra=None):
+                    prev_float=None, grad_out=None):
         pop, diff = buf is not None, grad is not None
-        if extra is not None:  # a pass over the gradient of its own on a CPU, where that launches nothing
-            grad.add_(extra)
+        if grad_out is not None:  # a pass over the gradient of its own on a CPU, where that launches nothing
+            grad.add_(grad_out)
         stored = 0 if restore is None else restore.shape[1]
-        if pop:
-            words = buf.words
-            groups = [words.update_widths(h.shape[1], stored)]
-            first, arrays = check_pops(words, groups), word_arrays(words)
-        else:
-            first, arrays = 0, _no_words()
+        plan = buf.plan_pop((h.shape[1], stored)) if pop else None
+        arrays, flags = (_arrays(plan), plan.flags) if pop else (_no_words(), [0])
         grads = (grad.numpy(), grad_z.numpy(), grad_g.numpy()) if diff else (_NO_FLOATS,) * 3
         status = gru_reverse(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), *_limit(max_bits), pop,
-                             _restore_array(restore, h.shape[0]), *arrays, first, prev.numpy(), diff, *grads)
+                             _restore_array(restore, h.shape[0]), *arrays, flags[0], prev.numpy(), diff, *grads)
         if pop:
-            _record_pops(words, status, groups)
+            plan.done(status)
         if prev_float is not None:
             _write_float(prev.numpy(), prev_float.numpy())
 
@@ -415,36 +394,29 @@ class NumbaSteps(StepKernels):
         products.accumulate(grad_read, grad_pre[:, : 2 * half], weight_zr.t())
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
-        words = buf.words
-        widths_c, widths_h = words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)
-        first = _reserve(words, [widths_c, widths_h])
+        plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored))
         new_float = torch.empty(h.shape)
         status, lost_c, lost_h = lstm_push(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), stored,
-                                           *_limit(max_bits), *word_arrays(words), first,
-                                           first + len(widths_c), WORD_LIMIT, out_h.numpy(), out_c.numpy(),
-                                           new_float.numpy())
-        _record_push(words, status, [(widths_c, lost_c), (widths_h, lost_h)])
+                                           *_limit(max_bits), *_arrays(plan), *plan.flags, WORD_LIMIT, out_h.numpy(),
+                                           out_c.numpy(), new_float.numpy())
+        plan.done(lost_c, lost_h, status=status)
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
-                     inputs=None, prev_float=None, extra=None):
+                     inputs=None, prev_float=None, grad_out=None):
         pop, diff = buf is not None, grad is not None
-        if extra is not None:
-            grad[0].add_(extra)
+        if grad_out is not None:
+            grad[0].add_(grad_out)
         stored = 0 if restore is None else restore.shape[1]
-        if pop:
-            words = buf.words
-            groups = [words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)]
-            first, arrays = check_pops(words, groups), word_arrays(words)
-        else:
-            groups, first, arrays = [[]], 0, _no_words()
+        plan = buf.plan_pop((c.shape[1], 0), (h.shape[1], stored)) if pop else None
+        arrays, flags = (_arrays(plan), plan.flags) if pop else (_no_words(), [0, 0])
         grads = ((grad[0].numpy(), grad[1].numpy(), grad_pre.numpy(), read.numpy(), inputs.numpy()) if diff
                  else (_NO_FLOATS,) * 5)
         status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), *_limit(max_bits), pop,
-                              _restore_array(restore, h.shape[0]), *arrays, first, first + len(groups[0]),
-                              prev[0].numpy(), prev[1].numpy(), diff, *grads)
+                              _restore_array(restore, h.shape[0]), *arrays, *flags, prev[0].numpy(), prev[1].numpy(),
+                              diff, *grads)
         if pop:
-            _record_pops(words, status, groups)
+            plan.done(status)
         if prev_float is not None:
             _write_float(prev[0].numpy(), prev_float.numpy())
 

@@ -10,32 +10,32 @@ the z, r backward product, a program per block of whole rows). RevLSTM's is one 
 :func:`_lstm_push_kernel` or :func:`_lstm_reverse_kernel`: its product feeds the buffer walk, which is one
 program, so it stays a cuBLAS product. The gates and read-gradient kernels take h_j as the int32 state
 and convert it as they load it; the reverse kernels add the output's loss gradient as they read the
-state's (``extra``), so neither costs a launch of its own.
+state's (``grad_out``), so neither costs a launch of its own.
 
-The push and pop kernels are the buffer's update kernel (:mod:`buffers.backends.triton_kernels`)
-with the gates computed inside it: one program walks the buffer's chunks in order, and each lane
-computes its own column's z and u from the product and projection columns where the buffer kernel
-would load them, then quantizes, rounds, pushes or pops, adds and range-checks with the buffer
-kernel's own device functions (:func:`~buffers.backends.triton_kernels._fixed_terms`,
-:func:`~buffers.backends.triton_kernels._push_chunk`, :func:`~buffers.backends.triton_kernels._pop_chunk`),
-so the words are those the triton buffer makes from the same z and u. Errors go to ``words.status``
-as there: nothing is read on the host per step. The reverse kernels then backpropagate the half
-elementwise, after a barrier, from the popped previous half. The host keeps the buffer's books as
-the buffer front does (:class:`~buffers.InformationBuffer` reserves, records widths, checks pops).
+The push and pop kernels run the buffer's own walk over the words
+(:func:`~buffers.backends.triton_kernels.push_walk`, :func:`~buffers.backends.triton_kernels.pop_walk`),
+which the buffer's update kernels run too. What a cell adds is one pointwise function per update that
+computes a lane's float z and u from the product and projection columns where the buffer kernel would
+load them: :func:`_gru_update` (RevGRU's h), :func:`_lstm_cell_update` and :func:`_lstm_hidden_update`
+(RevLSTM's c and h), each beside the torch reference it follows. The walk quantizes, rounds, pushes or
+pops, adds and range-checks, so the words are those the triton buffer makes from the same z and u, and
+errors go to ``words.status`` as there: nothing is read on the host per step. The reverse kernels then
+backpropagate the half elementwise, after a barrier, from the popped previous half, with the same
+pointwise functions. The host keeps the buffer's books through :mod:`buffers.fused` (room on the stack,
+the flags, the widths that pops must mirror).
 
 Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
-forward's bit for bit. Every kernel computes a gate with the same ``@triton.jit`` function
-(:func:`_gru_terms`, :func:`_lstm_cell_terms`, :func:`_lstm_hidden_terms`), which Triton inlines,
-and every kernel is compiled with FMA contraction off (``enable_fp_fusion=False``, pinned for every
-launch), so no kernel fuses a product and a sum that another rounds twice. The activations are the
-numba kernels' rational tanh and σ (:func:`_tanh`), multiplies, adds and a correctly rounded division
-(``div_rn``), no approximate ``exp``: each result is IEEE-rounded, so the kernels compute the same gates
-on a GPU as in Triton's interpreter, and as the numba kernels on the same products. The products a
-kernel computes itself (RevGRU's z, r) are sums in ``tl.dot``'s own order, in IEEE float32 (no TF32),
-with one tile size for every kernel (``_TILE``): the same bits in both sweeps on one device, not the
-same as cuBLAS's or the interpreter's (numpy's). They are not the
-torch reference's to the last ulp, so the states of a run with fused kernels are their own; its
-reverse is exact all the same.
+forward's bit for bit. Every kernel computes a gate with the same ``@triton.jit`` function, which
+Triton inlines, and every kernel is compiled with FMA contraction off (``enable_fp_fusion=False``,
+pinned for every launch), so no kernel fuses a product and a sum that another rounds twice. The
+activations are the rational tanh and σ of :mod:`.activations` (:func:`_tanh`), multiplies, adds and
+a correctly rounded division (``div_rn``), no approximate ``exp``: each result is IEEE-rounded, so the
+kernels compute the same gates on a GPU as in Triton's interpreter, and as the numba kernels on the
+same products. The products a kernel computes itself (RevGRU's z, r) are sums in ``tl.dot``'s own order,
+in IEEE float32 (no TF32), with one tile size for every kernel (``_TILE``): the same bits in both sweeps
+on one device, not the same as cuBLAS's or the interpreter's (numpy's). They are not the torch
+reference's to the last ulp, so the states of a run with fused kernels are their own; its reverse is
+exact all the same.
 
 Like the buffer kernels, these run on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests run
 them without a GPU), and each is registered as a torch custom op, so the dispatcher (and a
@@ -46,42 +46,33 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from buffers import InformationBuffer
 from buffers.backends.triton_kernels import (
     COMPILE_OPTIONS,
-    FORGET_ONE,
-    FORGET_RADIX,
-    OUT_OF_RANGE,
-    STATE_OVERFLOW,
-    TERM_OVERFLOW,
-    _elements,
-    _fixed_terms,
-    _lane_columns,
-    _lost_table,
-    _outside_int32,
-    _pop_chunk,
-    _push_chunk,
-    _record,
+    close_slab,
+    elements,
+    fixed_terms,
     launch_options,
+    lost_table,
+    open_slab,
+    pop_walk,
+    push_walk,
+    to_float,
 )
-from buffers.fixed import HIDDEN_RADIX, forget_multiplier, min_forget_numerator
-from buffers.words import WordStack
+from buffers.fixed import FORGET_ONE, forget_multiplier, min_forget_numerator
+from buffers.fused import PopPlan, Update
 
-from . import StepKernels, check_pops, record_pops, record_pushes
-from . import numba_steps as ns
+from . import StepKernels, activations
 
-# The rational tanh's float32 constants, as constexprs (fp32 values: the kernels compute in fp32).
-TANH_CLAMP, A1, A3, A5, A7, A9, A11, A13, B0, B2, B4, B6 = (tl.constexpr(float(v)) for v in (
-    ns._TANH_CLAMP, ns._A1, ns._A3, ns._A5, ns._A7, ns._A9, ns._A11, ns._A13, ns._B0, ns._B2, ns._B4, ns._B6))
-TO_FLOAT = tl.constexpr(2.0 ** -HIDDEN_RADIX)  # to_float: int → float32 (rounded), times an exact power of two
-PER_NUMERATOR = tl.constexpr(1.0 / FORGET_ONE.value)  # z*/2^R_Z as a float: exact
-# Which update a walk makes (the gates its lanes compute): RevGRU's h, RevLSTM's c, RevLSTM's h.
-GRU = tl.constexpr(0)
-LSTM_CELL = tl.constexpr(1)
-LSTM_HIDDEN = tl.constexpr(2)
+# The rational tanh's constants rounded to float32, as constexprs: the kernels compute in float32.
+TANH_CLAMP, A1, A3, A5, A7, A9, A11, A13, B0, B2, B4, B6 = (tl.constexpr(float(np.float32(v))) for v in (
+    activations.TANH_CLAMP, *activations.TANH_NUMERATOR, *activations.TANH_DENOMINATOR))
+PER_NUMERATOR = tl.constexpr(1.0 / FORGET_ONE)  # z*/2^R_Z as a float: exact
 
 # The tiled kernels' blocks (products with their activations): rows and units per program, and the inner
 # dimension per tl.dot. BLOCK_K sets the order of a product's sums, so every kernel computing a gate uses these.
@@ -93,10 +84,10 @@ _TILE = {"BLOCK_B": 16, "BLOCK_J": 32, "BLOCK_K": 32}
 
 @triton.jit
 def _tanh(x):
-    """The numba kernels' tanh (:func:`revnmt.rnn.kernels.numba_steps._tanh`, Eigen's float32 rational fit)
-    in the same order of operations: multiplies, adds and one correctly rounded division, so every result is
-    IEEE-rounded and the interpreter, the GPU and the CPU loops agree on it. Clamped with comparisons,
-    which leave a NaN a NaN (a range error later), where ``minimum``/``maximum`` may drop it."""
+    """The rational tanh of :mod:`.activations` in the numba kernels' order of operations
+    (:func:`revnmt.rnn.kernels.numba_steps._tanh`): multiplies, adds and one correctly rounded division, so
+    every result is IEEE-rounded and the interpreter, the GPU and the CPU loops agree on it. Clamped with
+    comparisons, which leave a NaN a NaN (a range error later), where ``minimum``/``maximum`` may drop it."""
     x = tl.where(x > TANH_CLAMP, TANH_CLAMP, tl.where(x < -TANH_CLAMP, -TANH_CLAMP, x))
     x2 = x * x
     p = x2 * (x2 * (x2 * (x2 * (x2 * (x2 * A13 + A11) + A9) + A7) + A5) + A3) + A1
@@ -109,16 +100,11 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _to_float(v):
-    return v.to(tl.float32) * TO_FLOAT
-
-
-@triton.jit
 def _as_float(v):
     """A loaded h_j as float32: the int32 state converted as ``to_float`` does (so no launch converts it
     beforehand), a float as it is. The dtype is known when the kernel compiles: one branch is compiled."""
     if v.dtype == tl.int32:
-        v = _to_float(v)
+        v = to_float(v)
     return v
 
 
@@ -128,53 +114,68 @@ def _restrict(s, slope):
     return slope * s + (1.0 - slope)
 
 
+# The updates' pointwise functions: ``update(args, b, j, valid)`` gives (z, u, ...) of unit j of row b, the
+# terms a walk takes (see buffers.backends.triton_kernels.push_walk) followed by what the derivative needs.
+
+
 @triton.jit
-def _gru_terms(sz, a_g, slope):
-    """(z, u, g) of RevGRU from σ(z's pre-activation) and g's pre-activation: z limited, u = (1 − z)·g."""
-    g = _tanh(a_g)
+def _gru_update(args, b, j, valid):
+    """RevGRU's h ← z·h + (1 − z)·g: (z, u, g, σ(z's pre-activation)). ``args``: g's product and projection
+    columns, σ of [z | r] and its row stride, the forget slope.
+
+    Reference (:class:`revnmt.rnn.cells.RevGRUCell`, ``_activations`` and ``_terms``)::
+
+        z = restrict_forget(s_z, max_bits)  # s_z: σ of z's pre-activation, from the gates kernel
+        u = (1 - z) * torch.tanh(pre_g + p_g)
+    """
+    pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, s_ptr, s_rs, slope = args
+    sz = tl.load(s_ptr + b * s_rs + j, mask=valid, other=0.0)
+    g = _tanh(tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0)
+              + tl.load(p_gates_ptr + b * p_gates_rs + j, mask=valid, other=0.0))
     z = _restrict(sz, slope)
-    return z, (1.0 - z) * g, g
+    return z, (1.0 - z) * g, g, sz
 
 
 @triton.jit
-def _lstm_cell_terms(pre_ptr, proj_ptr, row, row_proj, j, valid, half, slope):
-    """RevLSTM's cell update of unit j, columns [f | g | i | o | p] from the product's row ``row`` and the
-    projection's ``row_proj``: (z, u, σ(f), tanh(g), σ(i))."""
-    sf = _sigmoid(tl.load(pre_ptr + row + j, mask=valid, other=0.0)
-                  + tl.load(proj_ptr + row_proj + j, mask=valid, other=0.0))
-    g = _tanh(tl.load(pre_ptr + row + half + j, mask=valid, other=0.0)
-              + tl.load(proj_ptr + row_proj + half + j, mask=valid, other=0.0))
-    ig = _sigmoid(tl.load(pre_ptr + row + 2 * half + j, mask=valid, other=0.0)
-                  + tl.load(proj_ptr + row_proj + 2 * half + j, mask=valid, other=0.0))
+def _lstm_pre(args, b, column, valid):
+    """A gate's pre-activation at ``column`` of RevLSTM's [f | g | i | o | p]: its product plus its projection."""
+    pre_ptr, pre_rs, p_gates_ptr, p_gates_rs = args[0], args[1], args[2], args[3]
+    return (tl.load(pre_ptr + b * pre_rs + column, mask=valid, other=0.0)
+            + tl.load(p_gates_ptr + b * p_gates_rs + column, mask=valid, other=0.0))
+
+
+@triton.jit
+def _lstm_cell_update(args, b, j, valid):
+    """RevLSTM's c ← f·c + i·g: (z, u, σ(f), tanh(g), σ(i)). ``args``: the five gates' product and projection
+    columns, ``half`` apart, and the forget slope.
+
+    Reference (:class:`revnmt.rnn.cells.RevLSTMCell`, ``_activations`` and ``_terms``)::
+
+        z = restrict_forget(torch.sigmoid(f), max_bits)
+        u = torch.sigmoid(i) * torch.tanh(g)
+    """
+    pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope = args
+    sf = _sigmoid(_lstm_pre(args, b, j, valid))
+    g = _tanh(_lstm_pre(args, b, half + j, valid))
+    ig = _sigmoid(_lstm_pre(args, b, 2 * half + j, valid))
     return _restrict(sf, slope), ig * g, sf, g, ig
 
 
 @triton.jit
-def _lstm_hidden_terms(pre_ptr, proj_ptr, row, row_proj, j, valid, half, slope, c):
-    """RevLSTM's hidden update of unit j given the new cell ``c`` (int): (z, u, σ(o), σ(p), tanh(c))."""
-    o = _sigmoid(tl.load(pre_ptr + row + 3 * half + j, mask=valid, other=0.0)
-                 + tl.load(proj_ptr + row_proj + 3 * half + j, mask=valid, other=0.0))
-    sp = _sigmoid(tl.load(pre_ptr + row + 4 * half + j, mask=valid, other=0.0)
-                  + tl.load(proj_ptr + row_proj + 4 * half + j, mask=valid, other=0.0))
-    tc = _tanh(_to_float(c))
+def _lstm_hidden_update(args, b, j, valid):
+    """RevLSTM's h ← p·h + o·tanh(c) with the new cell c: (z, u, σ(o), σ(p), tanh(c)). ``args``: as
+    :func:`_lstm_cell_update`'s, then the new cell (int32) and its row stride.
+
+    Reference (:class:`revnmt.rnn.cells.RevLSTMCell`, ``_activations``, ``_terms`` and ``_forward_reference``)::
+
+        z = restrict_forget(torch.sigmoid(p), max_bits)
+        u = torch.sigmoid(o) * torch.tanh(to_float(c))  # c: the new cell
+    """
+    pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs = args
+    o = _sigmoid(_lstm_pre(args, b, 3 * half + j, valid))
+    sp = _sigmoid(_lstm_pre(args, b, 4 * half + j, valid))
+    tc = _tanh(to_float(tl.load(c_ptr + b * c_rs + j, mask=valid, other=0)))
     return _restrict(sp, slope), o * tc, o, sp, tc
-
-
-@triton.jit
-def _terms(KIND: tl.constexpr, b, j, valid, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope):
-    """The float (z, u) of unit j of row b in update KIND. RevGRU: ``pre``, ``proj`` are g's product and
-    projection columns and ``aux`` σ of [z | r]; RevLSTM: the five gates' product and projection columns,
-    and ``aux`` the new cell (for the hidden update)."""
-    if KIND == GRU:
-        z, u, _ = _gru_terms(tl.load(aux_ptr + b * aux_rs + j, mask=valid, other=0.0),
-                             tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0)
-                             + tl.load(proj_ptr + b * proj_rs + j, mask=valid, other=0.0), slope)
-    elif KIND == LSTM_CELL:
-        z, u, _, _, _ = _lstm_cell_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, valid, half, slope)
-    else:
-        z, u, _, _, _ = _lstm_hidden_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, valid, half, slope,
-                                           tl.load(aux_ptr + b * aux_rs + j, mask=valid, other=0))
-    return z, u
 
 
 @triton.jit
@@ -182,113 +183,6 @@ def _backward_update(grad, zq, live):
     """The derivative of where(live, z*·h + u, h): (d loss / d previous h, d loss / d u); d loss / d z*
     is the second times the previous h."""
     return tl.where(live, grad * (zq.to(tl.float32) * PER_NUMERATOR), grad), tl.where(live, grad, 0.0)
-
-
-# ---------------------------------------------------------------------------- the walks
-
-
-@triton.jit
-def _push_walk(KIND: tl.constexpr, h_ptr, h_rs, out_ptr, out_rs, float_ptr, pre_ptr, pre_rs, proj_ptr, proj_rs,
-               aux_ptr, aux_rs, mask_ptr, stack_ptr, flags_ptr, lost_table_ptr, cur, top, status, batch, half, stored,
-               lane_rows, lanes, first_flag, min_numerator, slope, LANE_BLOCK: tl.constexpr,
-               ELEMENT_BLOCK: tl.constexpr, FLOAT: tl.constexpr):
-    """h ← z·h + u for update KIND, as the buffer's push kernel does it but with the gates computed by
-    each lane; with FLOAT, also the float copy of the new h into ``float_ptr`` ([batch, half]).
-    Returns (slab, height, bits destroyed, status)."""
-    for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
-        live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
-        hv = tl.load(h_ptr + b * h_rs + col, mask=ok, other=0).to(tl.int64)
-        z, u = _terms(KIND, b, col, ok, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
-        zq, ui, bad_term = _fixed_terms(z, u, live, ok, min_numerator)
-        value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
-        bad = _outside_int32(value, ok)
-        value = tl.where(bad, 0, value)
-        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=ok)
-        if FLOAT:
-            tl.store(float_ptr + b * half + col, _to_float(value), mask=ok)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-
-    slab = lane_rows * lanes
-    lane = tl.arange(0, LANE_BLOCK)
-    lane_ok = lane < slab
-    buffered = half - stored
-    folded_width = batch * buffered // lane_rows
-    lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
-    for c in range(0, tl.cdiv(folded_width, lanes)):
-        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live = tl.load(mask_ptr + b, mask=valid, other=0) != 0
-        hv = tl.load(h_ptr + b * h_rs + col, mask=valid, other=0).to(tl.int64)
-        z, u = _terms(KIND, b, col, valid, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
-        zq, ui, bad_term = _fixed_terms(z, u, live, valid, min_numerator)
-        active = valid & live
-        product, cur, top = _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
-                                        flags_ptr + first_flag + c)
-        value = product + ui
-        bad = _outside_int32(value, valid)
-        value = tl.where(bad, 0, value)
-        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
-        if FLOAT:
-            tl.store(float_ptr + b * half + col, _to_float(value), mask=valid)
-        lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-    return cur, top, tl.sum(lost, axis=0), status
-
-
-@triton.jit
-def _pop_walk(KIND: tl.constexpr, h_ptr, h_rs, prev_ptr, prev_rs, float_ptr, restore_ptr, restore_rs, pre_ptr,
-              pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, mask_ptr, stack_ptr, flags_ptr, cur, top, status, batch,
-              half, stored, lane_rows, lanes, first_flag, min_numerator, slope, LANE_BLOCK: tl.constexpr,
-              ELEMENT_BLOCK: tl.constexpr, FLOAT: tl.constexpr):
-    """The inverse of :func:`_push_walk` into ``prev``, whose first ``stored`` columns are copied from
-    ``restore`` (kept exactly elsewhere); with FLOAT, also the float copy of ``prev`` into ``float_ptr``
-    ([batch, half]). Returns (slab, height, status)."""
-    for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = _elements(start, batch, stored, ELEMENT_BLOCK)
-        kept = tl.load(restore_ptr + b * restore_rs + col, mask=ok)
-        tl.store(prev_ptr + b * prev_rs + col, kept, mask=ok)
-        if FLOAT:
-            tl.store(float_ptr + b * half + col, _to_float(kept), mask=ok)
-
-    slab = lane_rows * lanes
-    lane = tl.arange(0, LANE_BLOCK)
-    lane_ok = lane < slab
-    buffered = half - stored
-    folded_width = batch * buffered // lane_rows
-    chunks = tl.cdiv(folded_width, lanes)
-    for back in range(0, chunks):
-        c = chunks - 1 - back
-        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live = tl.load(mask_ptr + b, mask=valid, other=0) != 0
-        hv = tl.load(h_ptr + b * h_rs + col, mask=valid, other=0).to(tl.int64)
-        z, u = _terms(KIND, b, col, valid, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
-        zq, ui, bad_term = _fixed_terms(z, u, live, valid, min_numerator)
-        before = hv - ui
-        bad = _outside_int32(before, valid)
-        value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, valid & live, cur, top, lane, lane_ok, slab,
-                                     stack_ptr, flags_ptr + first_flag + c)
-        tl.store(prev_ptr + b * prev_rs + col, value.to(tl.int32), mask=valid)
-        if FLOAT:
-            tl.store(float_ptr + b * half + col, _to_float(value), mask=valid)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-        status = _record(status, _outside_int32(value, valid & live), OUT_OF_RANGE)
-    return cur, top, status
-
-
-@triton.jit
-def _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
-    """The live slab of words, the stack height and the error code (none yet), as a walk starts."""
-    lane = tl.arange(0, LANE_BLOCK)
-    return tl.load(curr_ptr + lane, mask=lane < lane_rows * lanes, other=0), tl.load(top_ptr), tl.full([], 0, tl.int32)
-
-
-@triton.jit
-def _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
-    """Store the slab, the height and the error code (the largest so far) as a walk ends."""
-    lane = tl.arange(0, LANE_BLOCK)
-    tl.store(curr_ptr + lane, cur, mask=lane < lane_rows * lanes)
-    tl.store(top_ptr, top)
-    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
 
 
 # ---------------------------------------------------------------------------- RevGRU
@@ -342,50 +236,51 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
                      batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy."""
-    cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-    cur, top, lost, status = _push_walk(GRU, h_ptr, h_rs, out_ptr, out_rs, float_ptr, pre_g_ptr, pre_g_rs, p_g_ptr,
-                                        p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr, flags_ptr, lost_table_ptr,
-                                        cur, top, status, batch, half, stored, lane_rows, lanes, first_flag,
-                                        min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, True)
+    gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
+    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    # h's columns are adjacent; the row mask applies across a row (column stride 0).
+    cur, top, lost, status = push_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
+                                       stack_ptr, flags_ptr + first_flag, lost_table_ptr, cur, top, status, batch,
+                                       half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
+                                       LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr, lost)
-    _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
 
 
 @triton.jit
 def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, restore_ptr, restore_rs,
-                        prev_ptr, prev_rs, float_ptr, grad_ptr, grad_rs, extra_ptr, extra_rs, grad_z_ptr,
+                        prev_ptr, prev_rs, float_ptr, grad_ptr, grad_rs, grad_out_ptr, grad_out_rs, grad_z_ptr,
                         grad_g_ptr, grad_zg_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                         batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
-                        POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, EXTRA: tl.constexpr,
+                        POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, GRAD_OUT: tl.constexpr,
                         LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
     backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``
-    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``); with EXTRA, ``extra`` (the
+    (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``); with GRAD_OUT, ``grad_out`` (the
     loss gradient of the step's output) is added to ``grad`` first. With FLOAT, the float copy of ``prev`` goes
     to ``float_ptr``."""
+    gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
     if POP:
-        cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-        cur, top, status = _pop_walk(GRU, h_ptr, h_rs, prev_ptr, prev_rs, float_ptr, restore_ptr, restore_rs,
-                                     pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, mask_ptr, stack_ptr,
-                                     flags_ptr, cur, top, status, batch, half, stored, lane_rows, lanes, first_flag,
-                                     min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, FLOAT)
-        _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = pop_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_ptr, prev_rs, float_ptr,
+                                    restore_ptr, restore_rs, stack_ptr, flags_ptr + first_flag, cur, top, status,
+                                    batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
+                                    FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
         for start in range(0, batch * half, ELEMENT_BLOCK):
-            ok, b, j = _elements(start, batch, half, ELEMENT_BLOCK)
+            ok, b, j = elements(start, batch, half, ELEMENT_BLOCK)
             live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
-            sz = tl.load(s_ptr + b * 2 * half + j, mask=ok, other=0.0)
-            z, u, g = _gru_terms(sz, tl.load(pre_g_ptr + b * pre_g_rs + j, mask=ok, other=0.0)
-                                 + tl.load(p_g_ptr + b * p_g_rs + j, mask=ok, other=0.0), slope)
-            zq, _, _ = _fixed_terms(z, u, live, ok, min_numerator)
+            z, u, g, sz = _gru_update(gates, b, j, ok)
+            zq, _, _ = fixed_terms(z, u, live, ok, min_numerator)
             grad = tl.load(grad_ptr + b * grad_rs + j, mask=ok, other=0.0)
-            if EXTRA:
-                grad += tl.load(extra_ptr + b * extra_rs + j, mask=ok, other=0.0)
+            if GRAD_OUT:
+                grad += tl.load(grad_out_ptr + b * grad_out_rs + j, mask=ok, other=0.0)
             grad, grad_u = _backward_update(grad, zq, live)
             tl.store(grad_ptr + b * grad_rs + j, grad, mask=ok)
             tl.store(grad_g_ptr + b * grad_zg_rs + j, grad_u * (1.0 - z) * (1.0 - g * g), mask=ok)
-            prev = _to_float(tl.load(prev_ptr + b * prev_rs + j, mask=ok, other=0))
+            prev = to_float(tl.load(prev_ptr + b * prev_rs + j, mask=ok, other=0))
             tl.store(grad_z_ptr + b * grad_zg_rs + j, (grad_u * prev - grad_u * g) * slope * sz * (1.0 - sz), mask=ok)
             if FLOAT and not POP:  # else the pop wrote it
                 tl.store(float_ptr + b * half + j, prev, mask=ok)
@@ -429,71 +324,74 @@ def _gru_read_grad_kernel(grad_pre_ptr, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, w_
 
 
 @triton.jit
-def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, out_h_ptr, out_c_ptr,
-                      out_rs, float_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
-                      batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
+def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, mask_ptr, out_h_ptr,
+                      out_c_ptr, out_rs, float_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr,
+                      lost_table_ptr, batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
                       LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevLSTM's half update: c ← f·c + i·g, then h ← p·h + o·tanh(new c) and its float copy. The bits
     destroyed go to ``lost`` [2] (c's, h's)."""
-    cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-    cur, top, lost, status = _push_walk(LSTM_CELL, c_ptr, c_rs, out_c_ptr, out_rs, float_ptr, pre_ptr, pre_rs,
-                                        proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr, flags_ptr,
-                                        lost_table_ptr, cur, top, status, batch, half, 0, lane_rows, lanes, flag_c,
-                                        min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, False)
+    cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
+    hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, out_c_ptr, out_rs)
+    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    cur, top, lost, status = push_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
+                                       float_ptr, stack_ptr, flags_ptr + flag_c, lost_table_ptr, cur, top, status,
+                                       batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, FLOAT=False,
+                                       LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr, lost)
     tl.debug_barrier()  # h's terms read the new cell that other threads wrote
-    cur, top, lost, status = _push_walk(LSTM_HIDDEN, h_ptr, h_rs, out_h_ptr, out_rs, float_ptr, pre_ptr, pre_rs,
-                                        proj_ptr, proj_rs, out_c_ptr, out_rs, mask_ptr, stack_ptr, flags_ptr,
-                                        lost_table_ptr, cur, top, status, batch, half, stored, lane_rows, lanes,
-                                        flag_h, min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, True)
+    cur, top, lost, status = push_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
+                                       float_ptr, stack_ptr, flags_ptr + flag_h, lost_table_ptr, cur, top, status,
+                                       batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
+                                       LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr + 1, lost)
-    _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
 
 
 @triton.jit
-def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, mask_ptr, restore_ptr,
+def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, mask_ptr, restore_ptr,
                          restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, float_ptr, grad_h_ptr, grad_h_rs,
-                         extra_ptr, extra_rs, grad_c_ptr, grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs,
+                         grad_out_ptr, grad_out_rs, grad_c_ptr, grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs,
                          inputs_ptr, inputs_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
                          batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
-                         POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, EXTRA: tl.constexpr,
+                         POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, GRAD_OUT: tl.constexpr,
                          LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
     backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``,
-    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``; with EXTRA, ``extra`` (the loss gradient
+    and ``read`` (h_j) copied into its weight-gradient slot ``inputs``; with GRAD_OUT, ``grad_out`` (the loss gradient
     of the step's output h) is added to ``grad_h`` first. With FLOAT, the float copy of the previous h goes to
     ``float_ptr``."""
+    cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
+    hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs)
     if POP:
-        cur, top, status = _open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-        cur, top, status = _pop_walk(LSTM_HIDDEN, h_ptr, h_rs, prev_h_ptr, prev_h_rs, float_ptr, restore_ptr,
-                                     restore_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr,
-                                     flags_ptr, cur, top, status, batch, half, stored, lane_rows, lanes, flag_h,
-                                     min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, FLOAT)
-        cur, top, status = _pop_walk(LSTM_CELL, c_ptr, c_rs, prev_c_ptr, prev_c_rs, float_ptr, restore_ptr,
-                                     restore_rs, pre_ptr, pre_rs, proj_ptr, proj_rs, c_ptr, c_rs, mask_ptr, stack_ptr,
-                                     flags_ptr, cur, top, status, batch, half, 0, lane_rows, lanes, flag_c,
-                                     min_numerator, slope, LANE_BLOCK, ELEMENT_BLOCK, False)
-        _close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+        cur, top, status = pop_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_h_ptr,
+                                    prev_h_rs, float_ptr, restore_ptr, restore_rs, stack_ptr, flags_ptr + flag_h, cur,
+                                    top, status, batch, half, stored, lane_rows, lanes, min_numerator, GATES=True,
+                                    RESTORE=True, FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        cur, top, status = pop_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, prev_c_ptr, prev_c_rs,
+                                    float_ptr, restore_ptr, restore_rs, stack_ptr, flags_ptr + flag_c, cur, top,
+                                    status, batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
+                                    FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
         for start in range(0, batch * half, ELEMENT_BLOCK):
-            ok, b, j = _elements(start, batch, half, ELEMENT_BLOCK)
+            ok, b, j = elements(start, batch, half, ELEMENT_BLOCK)
             live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
-            z_c, u_c, sf, g, ig = _lstm_cell_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, ok, half, slope)
-            z_h, u_h, o, sp, tc = _lstm_hidden_terms(pre_ptr, proj_ptr, b * pre_rs, b * proj_rs, j, ok, half, slope,
-                                                     tl.load(c_ptr + b * c_rs + j, mask=ok, other=0))
-            zq_c, _, _ = _fixed_terms(z_c, u_c, live, ok, min_numerator)
-            zq_h, _, _ = _fixed_terms(z_h, u_h, live, ok, min_numerator)
+            z_c, u_c, sf, g, ig = _lstm_cell_update(cell, b, j, ok)
+            z_h, u_h, o, sp, tc = _lstm_hidden_update(hidden, b, j, ok)
+            zq_c, _, _ = fixed_terms(z_c, u_c, live, ok, min_numerator)
+            zq_h, _, _ = fixed_terms(z_h, u_h, live, ok, min_numerator)
             grad_h = tl.load(grad_h_ptr + b * grad_h_rs + j, mask=ok, other=0.0)
-            if EXTRA:
-                grad_h += tl.load(extra_ptr + b * extra_rs + j, mask=ok, other=0.0)
+            if GRAD_OUT:
+                grad_h += tl.load(grad_out_ptr + b * grad_out_rs + j, mask=ok, other=0.0)
             grad_h, grad_uh = _backward_update(grad_h, zq_h, live)
             grad_c = tl.load(grad_c_ptr + b * grad_c_rs + j, mask=ok, other=0.0) + grad_uh * o * (1.0 - tc * tc)
             grad_c, grad_uc = _backward_update(grad_c, zq_c, live)
             tl.store(grad_h_ptr + b * grad_h_rs + j, grad_h, mask=ok)
             tl.store(grad_c_ptr + b * grad_c_rs + j, grad_c, mask=ok)
-            prev_c = _to_float(tl.load(prev_c_ptr + b * prev_c_rs + j, mask=ok, other=0))
-            prev_h = _to_float(tl.load(prev_h_ptr + b * prev_h_rs + j, mask=ok, other=0))
+            prev_c = to_float(tl.load(prev_c_ptr + b * prev_c_rs + j, mask=ok, other=0))
+            prev_h = to_float(tl.load(prev_h_ptr + b * prev_h_rs + j, mask=ok, other=0))
             if FLOAT and not POP:  # else the pop wrote it
                 tl.store(float_ptr + b * half + j, prev_h, mask=ok)
             row = grad_pre_ptr + b * grad_pre_rs + j
@@ -538,7 +436,7 @@ def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: tor
     _gru_push_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(out), new_float, curr, stack, top,
                            flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0],
                            curr.shape[1], first_flag, min_numerator, slope,
-                            **launch_options(curr.numel()))
+                           **launch_options(curr.numel()))
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_reverse",
@@ -546,18 +444,18 @@ def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: tor
                                        "flags", "status"))
 def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
                     restore: torch.Tensor | None, prev: torch.Tensor, prev_float: torch.Tensor | None,
-                    grad: torch.Tensor | None, extra: torch.Tensor | None, grad_z: torch.Tensor | None,
+                    grad: torch.Tensor | None, grad_out: torch.Tensor | None, grad_z: torch.Tensor | None,
                     grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
                     flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int, slope: float,
                     pop: bool) -> None:
     restore = _or_no_columns(restore, h)
-    diff, write_float, add = grad is not None, prev_float is not None, extra is not None
+    diff, write_float, add = grad is not None, prev_float is not None, grad_out is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
     _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(restore), *_rows(prev),
-                              prev_float if write_float else pre_g, *_rows(grad), *_rows(extra if add else grad),
+                              prev_float if write_float else pre_g, *_rows(grad), *_rows(grad_out if add else grad),
                               grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status, h.shape[0], h.shape[1],
                               restore.shape[1], curr.shape[0], curr.shape[1], first_flag, min_numerator, slope, POP=pop,
-                              DIFF=diff, FLOAT=write_float, EXTRA=add, **launch_options(curr.numel()))
+                              DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **launch_options(curr.numel()))
 
 
 @torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_pre", "grad_read", "inputs"))
@@ -574,14 +472,14 @@ def _gru_read_grad_op(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g:
 @torch.library.custom_op("revnmt_rnn::triton_lstm_push",
                          mutates_args=("out_h", "out_c", "new_float", "curr", "stack", "top", "flags", "status",
                                        "lost"))
-def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
+def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
                   out_h: torch.Tensor, out_c: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor,
                   stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor,
                   lost_table: torch.Tensor, stored: int, flag_c: int, flag_h: int, min_numerator: int,
                   slope: float) -> None:
     if out_h.stride() != out_c.stride():
         raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
-    _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, out_h, *_rows(out_c), new_float,
+    _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), mask, out_h, *_rows(out_c), new_float,
                             curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored,
                             curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
                             **launch_options(curr.numel()))
@@ -590,23 +488,23 @@ def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: tor
 @torch.library.custom_op("revnmt_rnn::triton_lstm_reverse",
                          mutates_args=("prev_h", "prev_c", "prev_float", "grad_h", "grad_c", "grad_pre", "inputs",
                                        "curr", "stack", "top", "flags", "status"))
-def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, proj: torch.Tensor, mask: torch.Tensor,
+def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
                      restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
-                     prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, extra: torch.Tensor | None,
+                     prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, grad_out: torch.Tensor | None,
                      grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None, read: torch.Tensor | None,
                      inputs: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
                      flags: torch.Tensor, status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int,
                      slope: float, pop: bool) -> None:
     restore = _or_no_columns(restore, h)
-    diff, write_float, add = grad_h is not None, prev_float is not None, extra is not None
+    diff, write_float, add = grad_h is not None, prev_float is not None, grad_out is not None
     # Untouched without DIFF:
     grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
-    _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(proj), mask, *_rows(restore), *_rows(prev_h),
-                               *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h),
-                               *_rows(extra if add else grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
+    _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), mask, *_rows(restore),
+                               *_rows(prev_h), *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h),
+                               *_rows(grad_out if add else grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
                                *_rows(inputs), curr, stack, top, flags, status, h.shape[0], h.shape[1],
                                restore.shape[1], curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
-                               POP=pop, DIFF=diff, FLOAT=write_float, EXTRA=add, **launch_options(curr.numel()))
+                               POP=pop, DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **launch_options(curr.numel()))
 
 
 def _or_no_columns(restore: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
@@ -617,11 +515,6 @@ def _or_no_columns(restore: torch.Tensor | None, h: torch.Tensor) -> torch.Tenso
 # ---------------------------------------------------------------------------- the host side
 
 
-def _word_tensors(words: WordStack) -> tuple[torch.Tensor, ...]:
-    """The tensors the walks update in place: live words, stack, height, flags, error code."""
-    return words.curr, words.stack, words.top, words.flags, words.status
-
-
 @functools.lru_cache(maxsize=None)
 def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
     """Stand-ins for the word tensors where nothing is popped (the derivative-only step); never written."""
@@ -630,15 +523,25 @@ def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
             torch.zeros(1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.int32, device=device))
 
 
+def _pops(buf: InformationBuffer | None, device: torch.device, max_bits: int | None,
+          *updates: Update) -> tuple[PopPlan | None, list[int], tuple[torch.Tensor, ...], int]:
+    """A reverse step's books: the plan of its pops (``updates`` in push order), each update's first flag, the
+    word tensors and the smallest numerator. Without a buffer (the derivative alone) nothing is popped: no plan,
+    stand-in word tensors, and the numerator limit of ``max_bits``, which the derivative's z* also take."""
+    if buf is None:
+        return None, [0] * len(updates), _no_words(device), min_forget_numerator(max_bits)
+    plan = buf.plan_pop(*updates)
+    return plan, plan.flags, plan.tensors(), plan.min_numerator
+
+
 def _columns(p: torch.Tensor, col: int, pre: torch.Tensor) -> torch.Tensor:
     """The projection's columns that match the product ``pre`` from column ``col`` on (a view: the kernels
     take row strides)."""
     return p[:, col: col + pre.shape[1]]
 
 
-def _limit(max_bits: int | None) -> tuple[int, float]:
-    """The forget limit's smallest numerator and slope m (``buffers.forget_multiplier``)."""
-    return min_forget_numerator(max_bits), forget_multiplier(max_bits)
+def _stored(restore: torch.Tensor | None) -> int:
+    return 0 if restore is None else restore.shape[1]
 
 
 class TritonSteps(StepKernels):
@@ -653,60 +556,44 @@ class TritonSteps(StepKernels):
         return s
 
     def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
-        words = buf.words
-        widths = words.update_widths(h.shape[1], stored)
-        words.reserve(len(widths))
+        plan = buf.plan_push((h.shape[1], stored))
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _gru_push_op(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *_word_tensors(words), lost,
-                     _lost_table(h.device), stored, words.pushes, *_limit(max_bits))
-        record_pushes(words, [(widths, lost)])
+        _gru_push_op(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *plan.tensors(), lost,
+                     lost_table(h.device), stored, plan.flags[0], plan.min_numerator, forget_multiplier(max_bits))
+        plan.done(lost)
         return new_float
 
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
-                    prev_float=None, extra=None):
-        pop = buf is not None
-        if pop:
-            words = buf.words
-            groups = [words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
-            first, tensors = check_pops(words, groups), _word_tensors(words)
-        else:
-            first, tensors = 0, _no_words(h.device)
-        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, extra, grad_z,
-                        grad_g, *tensors, first, *_limit(max_bits), pop)
-        if pop:
-            record_pops(words, groups)
+                    prev_float=None, grad_out=None):
+        plan, flags, words, min_numerator = _pops(buf, h.device, max_bits, (h.shape[1], _stored(restore)))
+        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, grad_out, grad_z,
+                        grad_g, *words, flags[0], min_numerator, forget_multiplier(max_bits), plan is not None)
+        if plan is not None:
+            plan.done()
 
     def gru_read_grad(self, grad_pre, weight_zr, weight_g, read, s, grad_read, inputs):
         _gru_read_grad_op(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
-        words = buf.words
-        widths_c, widths_h = words.update_widths(c.shape[1], 0), words.update_widths(h.shape[1], stored)
-        words.reserve(len(widths_c) + len(widths_h))
-        first = words.pushes
+        plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored))
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty(2, dtype=torch.float64, device=h.device)
-        _lstm_push_op(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *_word_tensors(words), lost,
-                      _lost_table(h.device), stored, first, first + len(widths_c), *_limit(max_bits))
-        record_pushes(words, [(widths_c, lost[0]), (widths_h, lost[1])])
+        _lstm_push_op(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *plan.tensors(), lost,
+                      lost_table(h.device), stored, *plan.flags, plan.min_numerator, forget_multiplier(max_bits))
+        plan.done(lost[0], lost[1])
         return new_float
 
     def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
-                     inputs=None, prev_float=None, extra=None):
-        pop = buf is not None
-        if pop:
-            words = buf.words
-            groups = [words.update_widths(c.shape[1], 0),
-                      words.update_widths(h.shape[1], 0 if restore is None else restore.shape[1])]
-            first, tensors = check_pops(words, groups), _word_tensors(words)
-        else:
-            groups, first, tensors = [[]], 0, _no_words(h.device)
+                     inputs=None, prev_float=None, grad_out=None):
+        plan, flags, words, min_numerator = _pops(buf, h.device, max_bits, (c.shape[1], 0),
+                                                  (h.shape[1], _stored(restore)))
         grad_h, grad_c = (None, None) if grad is None else grad
-        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, extra, grad_c,
-                         grad_pre, read, inputs, *tensors, first, first + len(groups[0]), *_limit(max_bits), pop)
-        if pop:
-            record_pops(words, groups)
+        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, grad_out, grad_c,
+                         grad_pre, read, inputs, *words, *flags, min_numerator, forget_multiplier(max_bits),
+                         plan is not None)
+        if plan is not None:
+            plan.done()
 
 
 TRITON_STEPS = TritonSteps()

@@ -99,7 +99,7 @@ def test_reversal_is_exact_when_misaligned_products_round_differently(cell: str,
     hidden, steps = 10, 12
     torch.manual_seed(0)
     rnn = ReversibleRNN(cell, 6, hidden, num_layers=2, slice_dim=3, buffer_lanes=2, buffer_backend=backend)
-    chunk = rnn.weight_grad_steps(torch.device("cpu"))
+    chunk = rnn.backend_on(torch.device("cpu")).weight_grad_steps
     assert _misaligned_slots(cell, batch, hidden, chunk)  # a build that multiplied the slots would be caught
     x = torch.randn(steps, batch, 6)
     mask = torch.arange(steps)[:, None] < torch.tensor([steps] + [steps - 4] * (batch - 1))[None]
@@ -132,7 +132,7 @@ STEPS, BATCH = 100, 1  # one row: MKL's matrix-vector product, the one its SSE c
 def premise(cell, hidden):
     torch.manual_seed(0)
     rnn = ReversibleRNN(cell, 8, hidden)
-    lin = rnn.cells[0]._linears()[-1]
+    lin = rnn.cells[0].linears()[-1]
     weight = lin.weight[:, 8:].contiguous()
     slot = RecurrentGrads(rnn.cells[0], BATCH, 1, torch.device("cpu")).inputs[1, 0]  # the second Linear's:
     assert slot.data_ptr() % 16  # hidden / 2 floats past the start, off MKL's 16-byte grid for these sizes

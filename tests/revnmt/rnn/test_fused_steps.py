@@ -12,11 +12,17 @@ import torch
 from numba import njit
 
 from buffers import InformationBuffer, forget_multiplier, to_float
-from revnmt.rnn.cells import RevGRUCell, RevLSTMCell
+from revnmt.rnn.backends import BACKENDS
+from revnmt.rnn.cells import RevGRUCell, RevLSTMCell, Sweep
 from revnmt.rnn.kernels import numba_steps as ns
 
 BATCH, INPUT, HIDDEN, BITS, STORED = 5, 4, 14, 3, 3
 HALF = HIDDEN // 2
+
+
+def _sweep(buf: InformationBuffer, stored: int = 0) -> Sweep:
+    """A sweep over ``buf`` with its backend's kernels (the fused ones for numba, the reference for torch)."""
+    return Sweep(buf, BACKENDS[buf.backend.name].steps, stored=stored)
 
 
 @njit
@@ -161,7 +167,7 @@ def test_reverse_int_then_backward_step_equals_reverse_diff(cell_type, backend):
     cell = cell_type(INPUT, HIDDEN, BITS)
     bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(3)]
     p, start = _inputs(cell, 0)
-    new = [cell.forward_int(p, start, buf, MASK, stored=STORED) for buf in bufs]
+    new = [cell.forward_int(p, start, MASK, _sweep(buf, STORED)) for buf in bufs]
     assert torch.equal(new[0], new[1]) and torch.equal(new[0], new[2])
     grad = torch.randn(BATCH, cell.state_size)
     restore = start[:, :STORED]
@@ -170,14 +176,13 @@ def test_reverse_int_then_backward_step_equals_reverse_diff(cell_type, backend):
         cell.zero_grad()
         given = grad.clone()
         if run == 0:
-            prev, grad_prev, grad_p = cell.reverse_diff(p, state, given, buf, MASK, restore)
+            prev, grad_prev, grad_p = cell.reverse_diff(p, state, MASK, given, _sweep(buf, STORED), restore)
         else:
             gates = {} if run == 2 else None
-            prev = cell.reverse_int(p, state, buf, MASK, restore, gates=gates)
+            prev = cell.reverse_int(p, state, MASK, _sweep(buf, STORED), restore, gates)
             if gates is not None:  # fused kernels keep both halves' gates; the torch reference keeps none
                 assert sorted(gates) == ([0, 1] if backend == "numba" else [])
-            grad_prev, grad_p = cell.backward_step(p, prev, state, given, MASK, backend=buf.backend.name,
-                                                   gates=gates)
+            grad_prev, grad_p = cell.backward_step(p, prev, state, MASK, given, _sweep(buf, STORED), gates)
         assert grad_prev is given  # updated in place: no copy per step
         runs.append((prev, grad_prev, grad_p, _weight_grads(cell)))
         assert torch.equal(prev, start) and buf.is_empty()
@@ -197,14 +202,14 @@ def test_an_output_gradient_given_apart_is_added_to_the_state_gradient(cell_type
     cell = cell_type(INPUT, HIDDEN, BITS)
     p, start = _inputs(cell, 0)
     bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(2)]
-    new = [cell.forward_int(p, start, buf, MASK) for buf in bufs]
+    new = [cell.forward_int(p, start, MASK, _sweep(buf)) for buf in bufs]
     grad, grad_out = torch.randn(BATCH, cell.state_size), torch.randn(BATCH, HIDDEN)
     summed = grad.clone()
     summed[:, :HIDDEN] += grad_out
     results = []
     for buf, state, given, out in zip(bufs, new, (summed, grad.clone()), (None, grad_out)):
         cell.zero_grad()
-        prev, grad_prev, grad_p = cell.reverse_diff(p, state, given, buf, MASK, grad_out=out)
+        prev, grad_prev, grad_p = cell.reverse_diff(p, state, MASK, given, _sweep(buf), grad_out=out)
         assert torch.equal(prev, start) and buf.is_empty()
         results.append([grad_prev, grad_p] + _weight_grads(cell))
     for got, want in zip(*results):
@@ -218,13 +223,13 @@ def test_fused_and_reference_derivatives_agree_on_the_same_states(cell_type):
     torch.manual_seed(0)
     cell = cell_type(INPUT, HIDDEN, BITS)
     p, prev = _inputs(cell, 1)
-    new = cell.forward_int(p, prev, InformationBuffer(BATCH, 2, max_bits=BITS, backend="numba", share_rows=True),
-                           MASK)
+    new = cell.forward_int(p, prev, MASK,
+                           _sweep(InformationBuffer(BATCH, 2, max_bits=BITS, backend="numba", share_rows=True)))
     grad = torch.randn(BATCH, cell.state_size)
     results = []
     for backend in ("numba", "torch"):
         cell.zero_grad()
-        grad_prev, grad_p = cell.backward_step(p, prev, new, grad.clone(), MASK, backend=backend)
+        grad_prev, grad_p = cell.backward_step(p, prev, new, MASK, grad.clone(), Sweep(kernels=BACKENDS[backend].steps))
         results.append([grad_prev, grad_p] + _weight_grads(cell))
     for got, want in zip(*results):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -11,8 +11,10 @@ from torch.utils._pytree import tree_flatten
 
 from revnmt.memory import SavedTensorMeter
 from revnmt.rnn import ReversibleRNN, TensorInput
-from revnmt.rnn.cells import RecurrentGrads, SweepWeights
-from revnmt.rnn.reversible import PROJECTION_STEPS, WEIGHT_GRAD_STEPS, InputProjection
+from revnmt.rnn.backends import BACKENDS
+from revnmt.rnn.cells import RecurrentGrads, Sweep, SweepWeights
+from revnmt.rnn.inputs import InputProjection
+from revnmt.rnn.reversible import PROJECTION_STEPS
 
 
 def _peak_saved(rnn, steps, reversal):
@@ -115,8 +117,8 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     # product per weight per chunk); the memory accounting charges them.
     batch, rnn = 16, ReversibleRNN(cell, 24, 40, num_layers=2)
     cpu = torch.device("cpu")
-    steps = rnn.weight_grad_steps(cpu)
-    assert steps == WEIGHT_GRAD_STEPS["numba"]
+    steps = rnn.backend_on(cpu).weight_grad_steps
+    assert steps == BACKENDS["numba"].weight_grad_steps
     chunk = RecurrentGrads(rnn.cells[1], batch, steps, cpu)
     held = RecurrentGrads.held_bytes(rnn.cells[1], batch, steps)
     assert chunk.grad_pre.nbytes + chunk.inputs.nbytes == held
@@ -143,9 +145,10 @@ def test_gates_held_for_a_chunks_backward_steps_are_charged(cell):
     layer = fused.cells[0]
     p = layer.project(torch.randn(batch, 8))
     buf, mask = fused.new_buffer(batch, cpu), torch.ones(batch, dtype=torch.bool)
-    state = layer.forward_int(p, torch.zeros(batch, layer.state_size, dtype=torch.int32), buf, mask)
+    sweep = Sweep(buf, fused.backend_on(cpu).steps)
+    state = layer.forward_int(p, torch.zeros(batch, layer.state_size, dtype=torch.int32), mask, sweep)
     gates = {}
-    layer.reverse_int(p, state, buf, mask, gates=gates)
+    layer.reverse_int(p, state, mask, sweep, gates=gates)
     held = sum(t.nbytes for kept in gates.values() for t in kept)
     assert held == batch * layer.project_width * 4
     extra = fused.work_bytes(batch, cpu, outputs=True) - fused.work_bytes(batch, cpu)

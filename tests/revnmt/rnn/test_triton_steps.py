@@ -32,26 +32,34 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from revnmt.rnn.kernels import step_kernels
+    from buffers.backends.triton_kernels import elements
+    from revnmt.rnn.backends import BACKENDS
     from revnmt.rnn.kernels.triton_steps import (
-        GRU,
-        LSTM_CELL,
-        LSTM_HIDDEN,
         TRITON_STEPS,
-        _elements,
+        _gru_update,
+        _lstm_cell_update,
+        _lstm_hidden_update,
         _sigmoid,
         _tanh,
-        _terms,
     )
+
+    # Which update's pointwise function _terms_kernel runs: RevGRU's h, RevLSTM's c, RevLSTM's h.
+    GRU, LSTM_CELL, LSTM_HIDDEN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
     @triton.jit
     def _terms_kernel(pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, z_ptr, u_ptr, batch, half, slope,
                       KIND: tl.constexpr, BLOCK: tl.constexpr):
-        """The float z and u the walks compute for update KIND, written out."""
-        ok, b, j = _elements(0, batch, half, BLOCK)
-        z, u = _terms(KIND, b, j, ok, pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, half, slope)
-        tl.store(z_ptr + b * half + j, z, mask=ok)
-        tl.store(u_ptr + b * half + j, u, mask=ok)
+        """The float z and u the walks take for update KIND, written out. ``aux``: RevGRU's σ of [z | r],
+        RevLSTM's new cell (for the hidden update)."""
+        ok, b, j = elements(0, batch, half, BLOCK)
+        if KIND == GRU:
+            terms = _gru_update((pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, slope), b, j, ok)
+        elif KIND == LSTM_CELL:
+            terms = _lstm_cell_update((pre_ptr, pre_rs, proj_ptr, proj_rs, half, slope), b, j, ok)
+        else:
+            terms = _lstm_hidden_update((pre_ptr, pre_rs, proj_ptr, proj_rs, half, slope, aux_ptr, aux_rs), b, j, ok)
+        tl.store(z_ptr + b * half + j, terms[0], mask=ok)
+        tl.store(u_ptr + b * half + j, terms[1], mask=ok)
 
     @triton.jit
     def _activations_kernel(x_ptr, tanh_ptr, sigmoid_ptr, BLOCK: tl.constexpr):
@@ -139,9 +147,9 @@ def test_gru_kernels_make_the_torch_references_integers():
         TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again, again_float)
         assert all(torch.equal(a, b) for a, b in zip(again, (got_grad, grad_z, grad_g)))
         assert torch.equal(again_float, prev_float)
-        # The output's gradient given apart (``extra``) is added as the gradient is read: 0 + grad is grad.
+        # The output's gradient given apart (``grad_out``) is added as the gradient is read: 0 + grad is grad.
         apart = torch.zeros_like(grad), torch.empty_like(grad_z), torch.empty_like(grad_g)
-        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *apart, extra=grad)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *apart, grad_out=grad)
         assert all(torch.equal(a, b) for a, b in zip(apart, (got_grad, grad_z, grad_g)))
         h = prev
     assert ours.is_empty() and ref.is_empty()
@@ -166,7 +174,7 @@ def test_gru_gates_compute_their_product_and_activations(backend, rows, half, in
     weight = torch.randn(2 * half, half, device=device) / half ** 0.5
     p = torch.randn(rows, 6 * half, device=device)[:, 1:]  # a projection whose rows are not contiguous with its width
     rh = torch.empty(rows, half, device=device)
-    s = step_kernels(backend).gru_gates(read, weight, p, 2, rh)
+    s = BACKENDS[backend].steps.gru_gates(read, weight, p, 2, rh)
     torch.testing.assert_close(s, torch.sigmoid(h_j @ weight.t() + p[:, 2: 2 + 2 * half]))
     assert torch.equal(rh, s[:, half:] * h_j)  # r·h_j from the gates the kernel returns
 
@@ -188,7 +196,7 @@ def test_gru_read_grad_follows_its_formulas_and_fills_the_weight_gradient_slots(
     grad_rh = grad_g @ weight_g
     grad_r = grad_rh * h_j * r * (1 - r)
     want_read = grad_read + grad_rh * r + torch.cat([grad_z, grad_r], 1) @ weight_zr
-    step_kernels(backend).gru_read_grad(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
+    BACKENDS[backend].steps.gru_read_grad(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
     torch.testing.assert_close(grad_pre[:, half: 2 * half], grad_r)
     assert torch.equal(grad_pre[:, :half], grad_z) and torch.equal(grad_pre[:, 2 * half:], grad_g)  # read only
     torch.testing.assert_close(grad_read, want_read)
@@ -250,7 +258,7 @@ def test_lstm_kernels_make_the_torch_references_integers():
         assert torch.equal(again_float, prev_float)
         apart, apart_pre = (torch.zeros_like(grad[0]), grad[1].clone()), torch.empty_like(grad_pre)
         TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, apart, apart_pre, read,
-                                  torch.empty_like(slot), extra=grad[0])  # h's output gradient given apart
+                                  torch.empty_like(slot), grad_out=grad[0])  # h's output gradient given apart
         assert all(torch.equal(a, b) for a, b in zip(apart + (apart_pre,), got_grad + (grad_pre,)))
         h, c = prev
     assert ours.is_empty() and ref.is_empty()
@@ -302,7 +310,7 @@ def test_each_kernel_is_one_dispatched_op():
     with _Ops() as ops:
         TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))
     assert ops.names == ["revnmt_rnn::triton_lstm_push"]
-    assert step_kernels("triton") is TRITON_STEPS
+    assert BACKENDS["triton"].steps is TRITON_STEPS
 
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])

@@ -1,0 +1,38 @@
+"""What a forward sweep keeps for the backward sweep: the tape of a reversible stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from buffers import InformationBuffer, OverflowGuard
+
+from .backends import Backend
+
+
+@dataclass
+class Tape:
+    """What a forward sweep keeps for the backward sweep (and nothing per step but ``slices``)."""
+
+    states: list[torch.Tensor]  # final int32 state of every layer
+    initial: list[torch.Tensor]  # the true initial states, for the exactness check
+    buffer: InformationBuffer | None  # None: recorded for inference, not reversible
+    backend: Backend  # where the sweep ran: the backward sweep must compute every gate the same way
+    mask: torch.Tensor  # [T, B] bool, True on real tokens
+    dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
+    slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
+    guard: OverflowGuard | None  # range errors of an inference sweep (a buffer keeps its own)
+
+    def check(self) -> None:
+        """Raise a range error recorded on the device during the sweep (one host read)."""
+        if self.buffer is not None:
+            self.buffer.check()
+        else:
+            self.guard.check()
+
+    def stored_bits(self) -> dict[str, float]:
+        """Analytic bits this tape holds for backward: buffer words and stored slices."""
+        slice_bits = 0 if self.slices is None else 32 * self.slices.numel()
+        return {"buffer_bits": self.buffer.allocated_bits(), "optimal_buffer_bits": self.buffer.optimal_bits(),
+                "slice_bits": slice_bits}
