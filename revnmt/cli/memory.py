@@ -103,6 +103,11 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths, checkpoint_
     return report
 
 
+
+def _prepared(args: argparse.Namespace) -> Path | None:
+    """The folder of prepared ids to read if it serves (``--prepared``); revnmt-memory never writes one."""
+    return Path(args.data_config.prepared) if args.data_config.prepared else None
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.memory_budget is not None:
@@ -111,14 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     try:
         if args.checkpoint is None:
-            data = load_data(args.data_config)
+            data = load_data(args.data_config, prepared=_prepared(args), write=False)
             model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)))
         else:
             path = resolve_checkpoint(args.checkpoint)
             state = load_checkpoint(path)
             # The checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies.
             data = load_data(args.data_config, DataOptions.from_dict(state["data"], str(path)),
-                             (state["src_vocab"], state["tgt_vocab"]))
+                             (state["src_vocab"], state["tgt_vocab"]), prepared=_prepared(args), write=False)
             # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
             # and so does --buffer-backend, which changes no result.
             state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)

@@ -97,6 +97,10 @@ def add_data_options(parser: argparse.ArgumentParser, test_set: bool = True) -> 
     data.add_argument("--min-freq", type=positive_int, default=2, help="word vocabulary: minimum token count")
     data.add_argument("--max-vocab", type=positive_int, help="word vocabulary: most frequent tokens kept (no limit)")
     data.add_argument("--train-limit", type=positive_int, metavar="N", help="train on the first N pairs only")
+    data.add_argument("--prepared", metavar="DIR",
+                      help="the corpora's token ids, prepared once and read memory-mapped: reused while the corpora "
+                      "and the text options are the same, prepared anew otherwise (revnmt-train: default "
+                      "SAVE_DIR/data; revnmt-memory reads it if it serves, else encodes in memory)")
     subword = parser.add_argument_group("subwords (SentencePiece)")
     subword.add_argument("--subword", choices=["none", *SUBWORD_TYPES],
                          help="split raw text into the pieces of a SentencePiece model of this type, trained on the "
@@ -197,7 +201,7 @@ def data_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Da
                       train_limit=args.train_limit, subword=args.subword or "none",
                       vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
                       joint_vocab=len(spm_model) < 2 if spm_model else args.joint_vocab is not False,
-                      spm_model=spm_model)
+                      spm_model=spm_model, prepared=args.prepared)
 
 
 def check_device(parser: argparse.ArgumentParser, device: str) -> None:

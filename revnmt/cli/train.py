@@ -20,7 +20,7 @@ import torch
 
 from revnmt.atomic import atomic_write_bytes, atomic_write_text
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
-from revnmt.data import DataOptions, TrainingData, load_data, text_options
+from revnmt.data import DataOptions, TrainingData, load_data, prepared_options, text_options
 from revnmt.data.fingerprint import fingerprint_changes
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
 from revnmt.memory.peak import PeakMeter, track_freed_memory
@@ -65,6 +65,7 @@ PROG = "revnmt-train"
 logger = logging.getLogger("revnmt.train")
 
 SPM_MODEL = "spm.model"
+PREPARED_DATA = "data"  # the run's prepared ids, unless --prepared names another folder
 USAGE_ERROR = 2  # the exit status of argparse errors, used for every mistake in the command or data
 TRAINING_FAILED = 1  # a Hogwild worker failed
 
@@ -220,12 +221,18 @@ def _run(config: RunConfig, job: Job) -> int:
         config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
         fingerprint = config.data.fingerprint()  # read once: compared on resume, then saved in checkpoints
         checkpoint, data_changed = job.from_main(lambda: _resumable_checkpoint(config, fingerprint))
-        if checkpoint is None:  # rank 0 trains the SentencePiece models of --subword, every rank gets them
-            options, vocabs = job.from_main(lambda: text_options(config.data)), None
+        prepared = Path(config.data.prepared) if config.data.prepared else save_dir / PREPARED_DATA
+        if checkpoint is None:  # rank 0 trains the SentencePiece models of --subword (if not prepared), every rank
+            # gets them
+            options = job.from_main(lambda: prepared_options(config.data, fingerprint, prepared)
+                                    or text_options(config.data))
+            vocabs = None
         else:  # resuming: the checkpoint's SentencePiece models and vocabularies, never trained again
             options = DataOptions.from_dict(checkpoint["data"], str(save_dir / LAST_CHECKPOINT))
             vocabs = (checkpoint["src_vocab"], checkpoint["tgt_vocab"])
-        data = load_data(config.data, options, vocabs, fingerprint)
+        if job.distributed:  # rank 0 prepares; the others read what it wrote (or, on a disk of their own, encode)
+            job.from_main(lambda: load_data(config.data, options, vocabs, fingerprint, prepared) and None)
+        data = load_data(config.data, options, vocabs, fingerprint, prepared, write=job.is_main)
     # Missing or malformed data and checkpoints are the user's to fix: one line, no traceback.
     except (OSError, ValueError, RuntimeError) as error:
         logger.error("%s", error)

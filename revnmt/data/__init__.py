@@ -2,7 +2,7 @@
 
 from revnmt.data.batching import Batch, BatchSampler, EncodedDataset, Example, make_batch, sorted_batches
 from revnmt.data.corpus import ParallelCorpus, decode_lines, decode_stream, language_file, load_parallel, read_lines
-from revnmt.data.loading import DataConfig, DataOptions, TrainingData, load_data, text_options
+from revnmt.data.loading import DataConfig, DataOptions, TrainingData, load_data, prepared_options, text_options
 from revnmt.data.multi30k import MULTI30K_SPLITS, find_multi30k, multi30k_prefix
 from revnmt.data.subword import (
     DEFAULT_VOCAB_SIZE,
@@ -43,6 +43,7 @@ __all__ = [
     "load_parallel",
     "make_batch",
     "multi30k_prefix",
+    "prepared_options",
     "read_lines",
     "read_subword_model",
     "decode_lines",

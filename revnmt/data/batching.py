@@ -52,12 +52,38 @@ class EncodedDataset:
         outputs can be matched to references after filtering."""
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
-        self._src, self._src_offsets = _pack(src)
-        self._tgt, self._tgt_offsets = _pack(tgt)
-        self.src_lengths = np.diff(self._src_offsets)
-        self.tgt_lengths = np.diff(self._tgt_offsets)
+        self._set(*_pack(src), *_pack(tgt), n_filtered,
+                  np.arange(len(src)) if corpus_indices is None else np.asarray(corpus_indices))
+
+    def _set(self, src: np.ndarray, src_offsets: np.ndarray, tgt: np.ndarray, tgt_offsets: np.ndarray,
+             n_filtered: int, corpus_indices: np.ndarray) -> None:
+        self._src, self._src_offsets, self._tgt, self._tgt_offsets = src, src_offsets, tgt, tgt_offsets
+        self.src_lengths = np.diff(src_offsets)
+        self.tgt_lengths = np.diff(tgt_offsets)
         self.n_filtered = n_filtered
-        self.corpus_indices = np.arange(len(src)) if corpus_indices is None else np.asarray(corpus_indices)
+        self.corpus_indices = corpus_indices
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], n_filtered: int, reopen: tuple | None = None
+                    ) -> EncodedDataset:
+        """A dataset over the arrays of :meth:`arrays` (memory-mapped ones are read only where batches touch).
+        ``reopen``, (function, arguments) that make the same dataset again, is how it is pickled: a worker
+        process maps the same files instead of receiving a copy of the arrays."""
+        dataset = cls.__new__(cls)
+        dataset._set(arrays["src"], arrays["src_offsets"], arrays["tgt"], arrays["tgt_offsets"], n_filtered,
+                     arrays["lines"])
+        dataset._reopen = reopen
+        return dataset
+
+    def __reduce__(self):
+        if getattr(self, "_reopen", None) is not None:
+            return self._reopen
+        return EncodedDataset.from_arrays, (self.arrays(), self.n_filtered)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The flat arrays the dataset is made of: ids and offsets of each side, and each pair's corpus line."""
+        return {"src": self._src, "src_offsets": self._src_offsets, "tgt": self._tgt, "tgt_offsets": self._tgt_offsets,
+                "lines": self.corpus_indices}
 
     @classmethod
     def from_corpus(

@@ -21,10 +21,11 @@ def corpus_fingerprint(train: str, valid: str, src: str, tgt: str) -> dict[str, 
     file prefixes ``train`` and ``valid``); FileNotFoundError if a side is missing."""
     files = {f"{role}.{lang}": language_file(prefix, lang) for role, prefix in (("train", train), ("valid", valid))
              for lang in (src, tgt)}
-    return {name: _file_fingerprint(path) for name, path in files.items()}
+    return {name: file_fingerprint(path) for name, path in files.items()}
 
 
-def _file_fingerprint(path: Path) -> dict:
+def file_fingerprint(path: Path) -> dict:
+    """Path, size and SHA-256 of one file."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):

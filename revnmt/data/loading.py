@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 from .batching import EncodedDataset
 from .corpus import ParallelCorpus, load_parallel
-from .fingerprint import corpus_fingerprint
+from .fingerprint import corpus_fingerprint, file_fingerprint
 from .multi30k import MULTI30K_SPLITS, find_multi30k
+from .prepared import MODEL_FILES, load_prepared, read_manifest, write_prepared
 from .subword import DEFAULT_VOCAB_SIZE, SUBWORD_TYPES, SubwordTokenizer, read_subword_model, train_subword_model
 from .tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
 from .vocab import SPECIALS, Vocabulary
@@ -102,6 +104,7 @@ class DataConfig:
     vocab_size: int = DEFAULT_VOCAB_SIZE  # pieces per trained SentencePiece model, specials included
     joint_vocab: bool = True
     spm_model: tuple[str, ...] = ()
+    prepared: str | None = None  # folder of prepared ids (revnmt.data.prepared); revnmt-train: SAVE_DIR/data
 
     def __post_init__(self) -> None:
         if self.subword not in ("none", *SUBWORD_TYPES):
@@ -127,6 +130,16 @@ class DataConfig:
         if not (config.train and config.valid):
             raise ValueError("no training data: give --data multi30k, or --train and --valid")
         return corpus_fingerprint(config.train, config.valid, config.src, config.tgt)
+
+    def preparation_key(self, fingerprint: dict[str, dict]) -> dict:
+        """What prepared data (:mod:`revnmt.data.prepared`) must have been made from to serve this config: the
+        corpora's contents (their ``fingerprint``, paths left out) and every option that changes the ids."""
+        text = {name: getattr(self, name) for name in ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab",
+                                                       "train_limit", "subword", "vocab_size", "joint_vocab")}
+        inputs = {name: {"size": entry["size"], "sha256": entry["sha256"]} for name, entry in fingerprint.items()}
+        # A missing model has no digest: it then matches no folder, and reading it says what is missing.
+        spm = [file_fingerprint(Path(path))["sha256"] if Path(path).is_file() else None for path in self.spm_model]
+        return {"format": 1, "inputs": inputs, "text": text, "spm_model": spm}
 
 
 @dataclass
@@ -169,6 +182,18 @@ def text_options(config: DataConfig, train: ParallelCorpus | None = None) -> Dat
     return replace(options, src_spm=trained(src, config.src), tgt_spm=trained(tgt, config.tgt))
 
 
+def prepared_options(config: DataConfig, fingerprint: dict[str, dict], folder: Path) -> DataOptions | None:
+    """The text options of the data prepared in ``folder`` for ``config`` (resolved), or None if it holds none:
+    a new run then takes them, and never trains its SentencePiece models again."""
+    manifest = read_manifest(folder, config.preparation_key(fingerprint))
+    return None if manifest is None else _manifest_options(folder, manifest)
+
+
+def _manifest_options(folder: Path, manifest: dict) -> DataOptions:
+    models = {field: (folder / file).read_bytes() for field, file in MODEL_FILES.items() if (folder / file).is_file()}
+    return DataOptions(**manifest["options"], **models)
+
+
 def _training_corpus(config: DataConfig) -> ParallelCorpus:
     """The training pairs of a resolved config (the first ``train_limit`` of them)."""
     if not (config.train and config.valid):
@@ -181,7 +206,8 @@ def _training_corpus(config: DataConfig) -> ParallelCorpus:
 
 def load_data(config: DataConfig, options: DataOptions | None = None,
               vocab_tokens: tuple[list[str], list[str]] | None = None,
-              fingerprint: dict[str, dict] | None = None) -> TrainingData:
+              fingerprint: dict[str, dict] | None = None, prepared: Path | None = None,
+              write: bool = True) -> TrainingData:
     """Read and encode the corpora of ``config`` (resolved first, see :meth:`DataConfig.resolved`).
 
     ``options`` say how text becomes tokens (default: :func:`text_options`, which trains the SentencePiece
@@ -189,12 +215,27 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
     ``vocab_tokens`` (the token lists of a checkpoint, specials included) are reused when resuming;
     otherwise the vocabularies are built from the training corpus (words) or are the SentencePiece
     models' pieces. ``fingerprint`` is :meth:`DataConfig.fingerprint`, if the caller has it already (a
-    resume compares it first). Raises FileNotFoundError / ValueError with messages meant for the user.
+    resume compares it first).
+
+    ``prepared``: a folder of prepared data (:mod:`revnmt.data.prepared`). If it was prepared for this config,
+    with these options and vocabularies, the datasets are read from it memory-mapped and the training corpus
+    is not read at all; otherwise they are encoded and, with ``write``, the folder is prepared anew.
+    Raises FileNotFoundError / ValueError with messages meant for the user.
     """
     config = config.resolved()
-    train = _training_corpus(config)
+    fingerprint = fingerprint or config.fingerprint()
     valid = load_parallel(config.valid, config.src, config.tgt)
     test = load_parallel(config.test, config.src, config.tgt) if config.test else None  # missing files fail now
+    key = config.preparation_key(fingerprint)
+    manifest = None if prepared is None else read_manifest(prepared, key)
+    if manifest is not None:
+        kept = _manifest_options(prepared, manifest)
+        vocabs = manifest["src_vocab"], manifest["tgt_vocab"]
+        if (options is None or options == kept) and (vocab_tokens is None or tuple(vocab_tokens) == vocabs):
+            _, datasets = load_prepared(prepared, manifest)
+            logger.info("data: reading the ids prepared in %s", prepared)
+            return _training_data(config, kept, vocabs, datasets, valid, test, fingerprint)
+    train = _training_corpus(config)
     options = options or text_options(config, train)
 
     src_tok, tgt_tok = options.source_tokenizer(), options.target_tokenizer()
@@ -217,9 +258,28 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
     valid_set = EncodedDataset.from_corpus(valid, src_tok, tgt_tok, src_vocab, tgt_vocab)
     if len(valid_set) == 0:
         raise ValueError(f"{config.valid}: no dev pair has a source with {unit}")
+    vocabs = src_vocab.itos, tgt_vocab.itos
+    datasets = {"train": train_set, "valid": valid_set}
+    if prepared is not None and write:
+        text = {name: value for name, value in options.to_dict().items() if name not in MODEL_FILES}
+        models = {name: getattr(options, name) for name in MODEL_FILES if getattr(options, name) is not None}
+        manifest = {"key": key, "options": text, "src_vocab": vocabs[0], "tgt_vocab": vocabs[1]}
+        write_prepared(prepared, manifest, models, datasets)
+        logger.info("data: ids prepared in %s", prepared)
+        del train_set, valid_set, datasets  # read back memory-mapped: the encoded arrays need not stay resident
+        _, datasets = load_prepared(prepared, read_manifest(prepared, key))
+    return _training_data(config, options, vocabs, datasets, valid, test, fingerprint)
+
+
+def _training_data(config: DataConfig, options: DataOptions, vocabs: tuple[list[str], list[str]],
+                   datasets: dict[str, EncodedDataset], valid: ParallelCorpus, test: ParallelCorpus | None,
+                   fingerprint: dict[str, dict]) -> TrainingData:
+    """The :class:`TrainingData` of encoded (or prepared) datasets, logged."""
+    src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocabs)
+    train_set, valid_set = datasets["train"], datasets["valid"]
+    unit = "pieces" if options.subwords else "tokens"
     logger.info("data: %d training pairs (%d filtered), %d dev pairs%s; vocabularies: %s %d, %s %d %s; %s per "
                 "training sentence: %s %.1f, %s %.1f", len(train_set), train_set.n_filtered, len(valid_set),
                 f", {len(test)} test pairs" if test else "", config.src, len(src_vocab), config.tgt, len(tgt_vocab),
                 unit, unit, config.src, train_set.src_lengths.mean(), config.tgt, train_set.tgt_lengths.mean())
-    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test,
-                        fingerprint or config.fingerprint())
+    return TrainingData(options, src_vocab, tgt_vocab, train_set, valid_set, valid, test, fingerprint)

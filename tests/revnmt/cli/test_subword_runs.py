@@ -19,7 +19,7 @@ def test_a_subword_run_keeps_its_model_and_translates_raw_text_from_the_checkpoi
                                                                                           capsys):
     run = tmp_path / "run"
     assert train(run, *SUBWORD, "--max-steps", "3", "--test", toy["test"], "--test-beam", "2") == 0
-    assert {p.name for p in run.iterdir()} == {".lock", "config.json", "src.vocab", "tgt.vocab", "spm.model",
+    assert {p.name for p in run.iterdir()} == {".lock", "data", "config.json", "src.vocab", "tgt.vocab", "spm.model",
                                                "last.pt", "best.pt", "train.log", "valid.tsv", "test.hyp",
                                                "test.json"}
     model = (run / "spm.model").read_bytes()
@@ -143,12 +143,13 @@ def test_a_checkpoint_with_a_corrupt_model_is_refused_and_left_as_it_was(train, 
     checkpoint = load_checkpoint(run / "last.pt")
     checkpoint["data"]["tgt_spm"] = checkpoint["data"]["tgt_spm"][:100]
     save_checkpoint(run / "last.pt", checkpoint)
-    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     capsys.readouterr()
     assert train(run, *SUBWORD, "--max-steps", "2") == 2
     _assert_one_line_error(capsys, f"{run / 'last.pt'}: the de SentencePiece model: not a SentencePiece model")
-    after = {p.name: p.read_bytes() for p in run.iterdir()}
-    assert after.keys() == before.keys() and all(after[name] == before[name] for name in before if name != "train.log")
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert after.keys() == before.keys()
+    assert all(after[name] == before[name] for name in before if name.name != "train.log")
 
     assert translate.main(["--checkpoint", str(run / "last.pt"), "-i", str(run / "config.json")]) == 2
     err = capsys.readouterr().err

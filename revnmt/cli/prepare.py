@@ -1,0 +1,51 @@
+"""revnmt-prepare: tokenize and encode a run's corpora once, for every run that trains on them.
+
+    revnmt-prepare --prepared DIR [revnmt-train's data options]
+
+Writes DIR as ``revnmt-train --prepared DIR`` with the same data options reads it (memory-mapped token ids,
+vocabularies, SentencePiece models, :mod:`revnmt.data.prepared`), as ``fairseq-preprocess`` does for
+fairseq. A run given other corpora or text options prepares the folder anew; without ``--prepared`` a
+run prepares its own, SAVE_DIR/data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from revnmt.data import load_data, prepared_options, text_options
+
+from .options import HelpFormatter, add_data_options, data_config
+
+PROG = "revnmt-prepare"
+USAGE_ERROR = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    add_data_options(parser, test_set=False)
+    args = parser.parse_args(argv)
+    if not args.prepared:
+        parser.error("--prepared DIR is required: the folder to prepare")
+    config = data_config(parser, args)
+    logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
+    folder = Path(args.prepared)
+    try:
+        config = config.resolved()
+        fingerprint = config.fingerprint()
+        options = prepared_options(config, fingerprint, folder)
+        if options is not None:
+            logging.getLogger(PROG).info("%s holds these corpora prepared with these options already", folder)
+            return 0
+        load_data(config, text_options(config), None, fingerprint, folder)
+    except (OSError, ValueError) as error:
+        logging.getLogger(PROG).error("%s", error)
+        return USAGE_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
