@@ -62,6 +62,7 @@ class EncodedDataset:
         self.tgt_lengths = np.diff(tgt_offsets)
         self.n_filtered = n_filtered
         self.corpus_indices = corpus_indices
+        self._reopen: tuple | None = None  # how a memory-mapped dataset is pickled (from_arrays)
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], n_filtered: int, reopen: tuple | None = None
@@ -76,7 +77,7 @@ class EncodedDataset:
         return dataset
 
     def __reduce__(self):
-        if getattr(self, "_reopen", None) is not None:
+        if self._reopen is not None:
             return self._reopen
         return EncodedDataset.from_arrays, (self.arrays(), self.n_filtered)
 

@@ -12,7 +12,7 @@ from .batching import EncodedDataset
 from .corpus import ParallelCorpus, load_parallel
 from .fingerprint import corpus_fingerprint, file_fingerprint
 from .multi30k import MULTI30K_SPLITS, find_multi30k
-from .prepared import MODEL_FILES, load_prepared, read_manifest, write_prepared
+from .prepared import MODEL_FILES, load_prepared, read_manifest, read_models, write_prepared
 from .subword import DEFAULT_VOCAB_SIZE, SUBWORD_TYPES, SubwordTokenizer, read_subword_model, train_subword_model
 from .tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
 from .vocab import SPECIALS, Vocabulary
@@ -190,8 +190,7 @@ def prepared_options(config: DataConfig, fingerprint: dict[str, dict], folder: P
 
 
 def _manifest_options(folder: Path, manifest: dict) -> DataOptions:
-    models = {field: (folder / file).read_bytes() for field, file in MODEL_FILES.items() if (folder / file).is_file()}
-    return DataOptions(**manifest["options"], **models)
+    return DataOptions(**manifest["options"], **read_models(folder))
 
 
 def _training_corpus(config: DataConfig) -> ParallelCorpus:
@@ -232,9 +231,10 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
         kept = _manifest_options(prepared, manifest)
         vocabs = manifest["src_vocab"], manifest["tgt_vocab"]
         if (options is None or options == kept) and (vocab_tokens is None or tuple(vocab_tokens) == vocabs):
-            _, datasets = load_prepared(prepared, manifest)
             logger.info("data: reading the ids prepared in %s", prepared)
-            return _training_data(config, kept, vocabs, datasets, valid, test, fingerprint)
+            src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocabs)
+            return _training_data(config, kept, src_vocab, tgt_vocab, load_prepared(prepared, manifest), valid, test,
+                                  fingerprint)
     train = _training_corpus(config)
     options = options or text_options(config, train)
 
@@ -258,24 +258,21 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
     valid_set = EncodedDataset.from_corpus(valid, src_tok, tgt_tok, src_vocab, tgt_vocab)
     if len(valid_set) == 0:
         raise ValueError(f"{config.valid}: no dev pair has a source with {unit}")
-    vocabs = src_vocab.itos, tgt_vocab.itos
     datasets = {"train": train_set, "valid": valid_set}
     if prepared is not None and write:
         text = {name: value for name, value in options.to_dict().items() if name not in MODEL_FILES}
         models = {name: getattr(options, name) for name in MODEL_FILES if getattr(options, name) is not None}
-        manifest = {"key": key, "options": text, "src_vocab": vocabs[0], "tgt_vocab": vocabs[1]}
-        write_prepared(prepared, manifest, models, datasets)
+        manifest = {"key": key, "options": text, "src_vocab": src_vocab.itos, "tgt_vocab": tgt_vocab.itos}
+        manifest = write_prepared(prepared, manifest, models, datasets)
         logger.info("data: ids prepared in %s", prepared)
-        del train_set, valid_set, datasets  # read back memory-mapped: the encoded arrays need not stay resident
-        _, datasets = load_prepared(prepared, read_manifest(prepared, key))
-    return _training_data(config, options, vocabs, datasets, valid, test, fingerprint)
+        datasets = load_prepared(prepared, manifest)  # read back memory-mapped: the encoded arrays can go
+    return _training_data(config, options, src_vocab, tgt_vocab, datasets, valid, test, fingerprint)
 
 
-def _training_data(config: DataConfig, options: DataOptions, vocabs: tuple[list[str], list[str]],
+def _training_data(config: DataConfig, options: DataOptions, src_vocab: Vocabulary, tgt_vocab: Vocabulary,
                    datasets: dict[str, EncodedDataset], valid: ParallelCorpus, test: ParallelCorpus | None,
                    fingerprint: dict[str, dict]) -> TrainingData:
     """The :class:`TrainingData` of encoded (or prepared) datasets, logged."""
-    src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocabs)
     train_set, valid_set = datasets["train"], datasets["valid"]
     unit = "pieces" if options.subwords else "tokens"
     logger.info("data: %d training pairs (%d filtered), %d dev pairs%s; vocabularies: %s %d, %s %d %s; %s per "

@@ -41,10 +41,10 @@ def read_manifest(folder: Path, key: dict) -> dict | None:
 
 
 def write_prepared(folder: Path, manifest: dict, models: dict[str, bytes],
-                   datasets: dict[str, EncodedDataset]) -> None:
+                   datasets: dict[str, EncodedDataset]) -> dict:
     """Write ``datasets`` (``train``, ``valid``), the SentencePiece ``models`` (by :data:`MODEL_FILES` field)
     and ``manifest`` (its ``key``, ``src_vocab`` and ``tgt_vocab`` token lists included) into ``folder``,
-    replacing what it held."""
+    replacing what it held; returns the manifest as written (with the datasets' counts)."""
     staging = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")  # made with the user's umask, unlike mkdtemp
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -70,14 +70,17 @@ def write_prepared(folder: Path, manifest: dict, models: dict[str, bytes],
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return manifest
 
 
-def load_prepared(folder: Path, manifest: dict) -> tuple[dict[str, bytes], dict[str, EncodedDataset]]:
-    """The SentencePiece models and the memory-mapped datasets of a folder whose ``manifest``
-    :func:`read_manifest` returned."""
-    models = {field: (folder / file).read_bytes() for field, file in MODEL_FILES.items() if (folder / file).is_file()}
-    datasets = {name: mapped_dataset(folder, name, manifest["datasets"][name]["filtered"]) for name in DATASETS}
-    return models, datasets
+def read_models(folder: Path) -> dict[str, bytes]:
+    """The SentencePiece models a folder holds, by the field of DataOptions they belong in (none for words)."""
+    return {field: (folder / file).read_bytes() for field, file in MODEL_FILES.items() if (folder / file).is_file()}
+
+
+def load_prepared(folder: Path, manifest: dict) -> dict[str, EncodedDataset]:
+    """The memory-mapped datasets of a folder whose ``manifest`` :func:`read_manifest` returned."""
+    return {name: mapped_dataset(folder, name, manifest["datasets"][name]["filtered"]) for name in DATASETS}
 
 
 def mapped_dataset(folder: Path, name: str, n_filtered: int) -> EncodedDataset:
