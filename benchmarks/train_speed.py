@@ -1,7 +1,7 @@
 """Training speed as users see it: revnmt-train's own logged tokens/s, reversible against ordinary, per thread count.
 
     python benchmarks/train_speed.py [--threads 1 2] [--steps 300] [--skip 100] [--json FILE] [--runs DIR]
-                                     [-- REVNMT-TRAIN OPTIONS]
+                                     [--device cpu|cuda] [-- REVNMT-TRAIN OPTIONS]
 
 Each model trains as ``revnmt-train`` does (data, forward, reversal, loss, clipping, Adam, logging) on Multi30K
 (or the corpus given after ``--``) from fresh weights for ``--steps`` updates, alone on the machine, with
@@ -11,7 +11,10 @@ compiles, the allocator fills). The models take turns at each thread count, so a
 over the run moves both. The periodic validation is not in the figure: with the default 300 steps, none falls
 inside the window (the first is at the end of an epoch of 454 batches).
 
-The pairs are the paper's: RevGRU / RevLSTM (``emb+slice``, 3 bits) against GRU / LSTM (``hidden``).
+The pairs are the paper's: RevGRU / RevLSTM (``emb+slice``, 3 bits) against GRU / LSTM (``hidden``). With
+``--device cuda`` the ordinary models run on cuDNN and the reversible ones on the Triton kernels; ``--threads``
+then sets only the host's threads. Options after ``--`` (a model size, ``--prepared DIR`` to tokenize the corpus
+once for every run) go to every run.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ from revnmt.data import MULTI30K_SPLITS, find_multi30k
 
 PAIRS = {"gru": (("revgru", "emb+slice"), ("gru", "hidden")), "lstm": (("revlstm", "emb+slice"), ("lstm", "hidden"))}
 _RATE = re.compile(r"\| step (\d+) \|.*\| (\d+) tok/s \|")
-BIN = Path(sys.executable).parent
 
 
-def train_rates(rnn: str, attention: str, threads: int, steps: int, log_every: int, save_dir: Path,
+def train_rates(rnn: str, attention: str, threads: int, steps: int, log_every: int, save_dir: Path, device: str,
                 extra: list[str]) -> list[tuple[int, int]]:
     """Run revnmt-train for ``steps`` updates; (step, tok/s) of every progress line it logged."""
-    command = [str(BIN / "revnmt-train"), "--save-dir", str(save_dir), "--rnn", rnn, "--attention", attention,
-               "--max-steps", str(steps), "--log-every", str(log_every), "--device", "cpu", *extra]
+    # as a module of this interpreter: the same code whether or not the package's commands are installed
+    command = [sys.executable, "-m", "revnmt.cli.train", "--save-dir", str(save_dir), "--rnn", rnn,
+               "--attention", attention, "--max-steps", str(steps), "--log-every", str(log_every),
+               "--device", device, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="updates per run")
     parser.add_argument("--skip", type=int, default=100, help="updates of warm-up left out of the figure")
     parser.add_argument("--log-every", type=int, default=100, help="steps per logged tokens/s window")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
     parser.add_argument("--runs", type=Path, help="where the run directories go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -62,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         extra += ["--train", str(folder / MULTI30K_SPLITS["train"]), "--valid", str(folder / MULTI30K_SPLITS["valid"])]
 
     runs = args.runs or Path(tempfile.mkdtemp(prefix="train-speed-"))
-    report = {"command": "python benchmarks/train_speed.py " + " ".join(argv), "cpu": _cpu_name(), "cases": []}
+    report = {"command": "python benchmarks/train_speed.py " + " ".join(argv), "cpu": _cpu_name(),
+              "device": _device_name(args.device), "cases": []}
     for threads in args.threads:
         for family in args.pairs:
             rates = {}
             for rnn, attention in PAIRS[family]:
                 logged = train_rates(rnn, attention, threads, args.steps, args.log_every,
-                                     runs / f"{rnn}-{threads}-threads", extra)
+                                     runs / f"{rnn}-{threads}-threads", args.device, extra)
                 rates[rnn] = [rate for step, rate in logged if step > args.skip]
                 if not rates[rnn]:
                     raise RuntimeError(f"{rnn}: no tokens/s logged after step {args.skip}")
@@ -83,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return _cpu_name()
 
 
 def _cpu_name() -> str:

@@ -45,7 +45,8 @@ class InformationBuffer:
                  eager_checks: bool | None = None) -> None:
         if batch < 1 or units < 1:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # canonical, as tensors report it ("cuda" becomes "cuda:0"), so the device checks compare like with like
+        self.device = torch.empty(0, device=device if device is not None else "cpu").device
         self.backend = backends.create(backend, self.device, batch * units)
         self.batch, self.units, self.share_rows, self.max_bits = batch, units, share_rows, max_bits
         eager = self.device.type == "cpu" if eager_checks is None else eager_checks

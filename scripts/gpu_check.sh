@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one command (well under 10 minutes on one H100):
+# Everything that needs a GPU, in one command (about 7 minutes on one H200):
 #   bash scripts/gpu_check.sh OUTDIR
-# 1. the test suite's CUDA cases (buffer backends on CUDA, host syncs under torch.cuda.set_sync_debug_mode,
-#    a whole reversible training step on the GPU, the memory budget against the allocator's peak);
+# Checks, run side by side (they time nothing):
+# 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps,
+#    host syncs under torch.cuda.set_sync_debug_mode, a whole reversible training step on the GPU, the memory
+#    budget against the allocator's peak);
 # 2. ops dispatched per layer and step on CUDA (benchmarks/layers.py --count-kernels);
-# 3. reversible layers against cuDNN nn.GRU / nn.LSTM, B = 64, T = 14 and 50 (benchmarks/layers.py);
-# 4. two Hogwild! workers on one GPU, and torchrun with NCCL on one GPU, on a toy corpus.
+# 3. two Hogwild! workers on one GPU, and torchrun with NCCL on one GPU, on a toy corpus.
+# Timings, one after the other with the GPU to themselves:
+# 4. reversible layers against cuDNN nn.GRU / nn.LSTM, B = 64, T = 14 and 50 (benchmarks/layers.py);
+# 5. the paper's IWSLT-size model (2+2 layers, 600 units, 600-dim embeddings, 60 slice units) on Multi30K:
+#    revnmt-train's own tokens/s against the cuDNN GRU's (benchmarks/train_speed.py --device cuda), and
+#    revnmt-memory's report with the token batch that fits 8 GiB of the allocator's reserved memory. Needs
+#    Multi30K (REVNMT_DATA or ./data/multi30k; skipped where neither has it: there is no download on a GPU node).
+# Every step has a time limit (seconds, in LIMITS below); a step past it counts as failed (exit 124).
 # Writes a log and JSON per step into OUTDIR and a summary, OUTDIR/gpu_check.json; exits 1 if a step failed.
 # Uses .venv if there is one (bash scripts/setup.sh dev), else the python3 on PATH with torch and triton.
 set -uo pipefail
@@ -23,31 +31,28 @@ fi
 "$py" - >"$out/device.json" <<'PY'
 import json, torch
 info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
-try:
-    import triton
-    info["triton"] = triton.__version__
-except ImportError:
-    info["triton"] = None
+for name in ("triton", "numba"):
+    try:
+        info[name] = __import__(name).__version__
+    except ImportError:
+        info[name] = None
 print(json.dumps(info))
 PY
 cat "$out/device.json"
 
-results=()
-step() {  # step NAME COMMAND...: run it, log to OUTDIR/NAME.log, remember its status
+declare -A LIMITS=([tests]=300 [kernels]=150 [hogwild]=150 [torchrun]=150 [layers]=90 [iwslt-speed]=150
+                   [iwslt-memory]=180)
+step() {  # step NAME COMMAND...: run it under its time limit, log to OUTDIR/NAME.log, write OUTDIR/NAME.status
     local name=$1
     shift
     echo "== $name: $*"
     local start=$SECONDS
-    "$@" 2>&1 | tee "$out/$name.log"
-    local rc=${PIPESTATUS[0]}
+    timeout --kill-after 10 "${LIMITS[$name]}" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "{\"exit\": $rc, \"seconds\": $((SECONDS - start))}" >"$out/$name.status"
     echo "== $name: exit $rc after $((SECONDS - start)) s"
-    results+=("\"$name\": {\"exit\": $rc, \"seconds\": $((SECONDS - start))}")
+    tail -n 25 "$out/$name.log"
 }
-
-step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider --junitxml "$out/tests.xml" \
-    tests/buffers tests/revnmt/rnn tests/revnmt/model tests/revnmt/memory
-step kernels "$py" benchmarks/layers.py --device cuda --count-kernels --json "$out/kernels.json"
-step layers "$py" benchmarks/layers.py --device cuda --repeats 7 --json "$out/layers.json"
 
 toy="$out/toy"
 mkdir -p "$toy"
@@ -65,12 +70,36 @@ for split, size in {"train": 400, "valid": 40}.items():
 PY
 tiny=(--train "$toy/train" --valid "$toy/valid" --emb-dim 32 --hidden-size 32 --slice-dim 4 --min-freq 1
       --batch-size 32 --epochs 2 --log-every 5 --device cuda)
-step hogwild "$py" -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2
-step torchrun "$py" -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29517 \
-    -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/torchrun"
-rm -rf "$out/runs" "$toy"  # checkpoints are large and prove nothing the logs do not
 
-summary=$(IFS=,; echo "{${results[*]}}")
-echo "$summary" >"$out/gpu_check.json"
-echo "$summary"
+# The checks share the GPU and the cores; their logs say only whether they passed. The tests run in 8 processes
+# where pytest-xdist is installed: in one process they do not finish within their time limit on an H200.
+workers=()
+"$py" -c "import xdist" 2>/dev/null && workers=(-n 8)
+step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" --tb=short \
+    --junitxml "$out/tests.xml" -k "cuda or test_triton_steps or triton_kernels" tests/buffers tests/revnmt &
+step kernels "$py" benchmarks/layers.py --device cuda --count-kernels --json "$out/kernels.json" &
+step hogwild "$py" -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2 &
+step torchrun "$py" -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29517 \
+    -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/torchrun" &
+wait
+
+step layers "$py" benchmarks/layers.py --device cuda --repeats 7 --json "$out/layers.json"
+if data=$("$py" -c "from revnmt.data import find_multi30k; print(find_multi30k(download=False))" 2>/dev/null); then
+    iwslt=(--layers 2 --emb-dim 600 --hidden-size 600 --slice-dim 60)
+    # one tokenization of the corpus for every run (revnmt-prepare's format, read memory-mapped)
+    step iwslt-speed "$py" benchmarks/train_speed.py --device cuda --threads 4 --steps 120 --skip 40 --log-every 40 \
+        --runs "$out/runs/speed" --json "$out/iwslt-speed.json" -- "${iwslt[@]}" --prepared "$out/prepared"
+    step iwslt-memory "$py" -m revnmt.cli.memory --data-dir "$data" "${iwslt[@]}" --rnn revgru --batches 4 \
+        --device cuda --memory-budget 8GiB --prepared "$out/prepared" --json "$out/iwslt-memory.json"
+else
+    echo "== iwslt: skipped, Multi30K not found (set REVNMT_DATA)"
+fi
+rm -rf "$out/runs" "$out/prepared" "$toy"  # checkpoints are large and prove nothing the logs do not
+
+summary=$(for f in "$out"/*.status; do n=$(basename "$f" .status); echo "\"$n\": $(cat "$f"),"; done)
+summary="{${summary%,}}"
+rm -f "$out"/*.status
+echo "$summary" | tr -d '\n' >"$out/gpu_check.json"
+cat "$out/gpu_check.json"
+echo
 [[ "$summary" != *'"exit": '[1-9]* ]]

@@ -193,5 +193,8 @@ def format_report(report: dict) -> str:
                      f"{model['held_bytes_per_token'][name]:13,.0f}{cuda}")
     lines.append("(autograd's saved bytes are measured; the bytes held outside autograd are each step's own "
                  "tally; K is the candidate whose sum of the two is smallest)")
+    if model["peak_bytes"]:
+        lines.append("(CUDA peak: not per token, the allocator's peak bytes allocated during the costliest step, "
+                     "weights and gradients included)")
     lines.append(f"({report['batches']} batches, {report['target_tokens']} target tokens)")
     return "\n".join(lines)

@@ -38,9 +38,10 @@ def _select(state, index: torch.Tensor):
 
 
 def _head(state, rows: int):
+    """The first ``rows`` rows of a [layers, N, H] state, contiguous as cuDNN wants its hx (a slice of dim 1 is not)."""
     if isinstance(state, tuple):
-        return tuple(s[:, :rows] for s in state)
-    return state[:, :rows]
+        return tuple(s[:, :rows].contiguous() for s in state)
+    return state[:, :rows].contiguous()
 
 
 def _joined(head, rest):

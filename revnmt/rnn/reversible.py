@@ -215,7 +215,7 @@ class ReversibleRNN(nn.Module):
         with other batch mates.
         """
         with exact_float32(mask.device):
-            return self._forward_steps(inputs, mask, initial, dropout, reversible)
+            return self._forward_steps(inputs, _by_steps(mask), initial, dropout, reversible)
 
     def _forward_steps(self, inputs, mask, initial, dropout, reversible) -> Tape:
         steps, batch = mask.shape
@@ -305,7 +305,7 @@ class ReversibleRNN(nn.Module):
         gradients are the ones reversal computes.
         """
         with exact_float32(mask.device):
-            return self._autograd_steps(x, mask, initial, dropout, initial_float)
+            return self._autograd_steps(x, _by_steps(mask), initial, dropout, initial_float)
 
     def _autograd_steps(self, x, mask, initial, dropout, initial_float):
         steps, batch = mask.shape
@@ -345,3 +345,9 @@ class ReversibleRNN(nn.Module):
             inp = x if layer == 0 else self.cells[layer - 1].output(new[-1])
             new.append(cell.forward_int(cell.project(inp), states[layer], mask, Sweep()))
         return new
+
+
+def _by_steps(mask: torch.Tensor) -> torch.Tensor:
+    """The [T, B] mask with each step's row of B booleans adjacent, as the fused kernels read a step's mask.
+    A mask made from batch-major ids (``src.t() != PAD``) is a transposed view: copied once here."""
+    return mask.contiguous()

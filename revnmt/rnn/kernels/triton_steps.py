@@ -414,6 +414,13 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t, t.stride(0)
 
 
+def _row_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A step's row mask [B] as the kernels read it: B adjacent booleans."""
+    if mask.stride(0) != 1:
+        raise ValueError(f"the triton step kernels need a mask of adjacent rows, got stride {mask.stride(0)}")
+    return mask
+
+
 def _tiles(batch: int, half: int) -> tuple[int, int]:
     """The launch grid of the tiled kernels: row blocks x unit blocks."""
     return triton.cdiv(batch, _TILE["BLOCK_B"]), triton.cdiv(half, _TILE["BLOCK_J"])
@@ -433,8 +440,8 @@ def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: tor
                  out: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
                  flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor, lost_table: torch.Tensor, stored: int,
                  first_flag: int, min_numerator: int, slope: float) -> None:
-    _gru_push_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(out), new_float, curr, stack, top,
-                           flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0],
+    _gru_push_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(out), new_float, curr,
+                           stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0],
                            curr.shape[1], first_flag, min_numerator, slope,
                            **launch_options(curr.numel()))
 
@@ -451,7 +458,7 @@ def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: 
     restore = _or_no_columns(restore, h)
     diff, write_float, add = grad is not None, prev_float is not None, grad_out is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
-    _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, mask, *_rows(restore), *_rows(prev),
+    _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(restore), *_rows(prev),
                               prev_float if write_float else pre_g, *_rows(grad), *_rows(grad_out if add else grad),
                               grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status, h.shape[0], h.shape[1],
                               restore.shape[1], curr.shape[0], curr.shape[1], first_flag, min_numerator, slope, POP=pop,
@@ -479,9 +486,9 @@ def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: 
                   slope: float) -> None:
     if out_h.stride() != out_c.stride():
         raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
-    _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), mask, out_h, *_rows(out_c), new_float,
-                            curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored,
-                            curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
+    _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), out_h, *_rows(out_c),
+                            new_float, curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1],
+                            stored, curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
                             **launch_options(curr.numel()))
 
 
@@ -499,7 +506,7 @@ def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gate
     diff, write_float, add = grad_h is not None, prev_float is not None, grad_out is not None
     # Untouched without DIFF:
     grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
-    _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), mask, *_rows(restore),
+    _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), *_rows(restore),
                                *_rows(prev_h), *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h),
                                *_rows(grad_out if add else grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
                                *_rows(inputs), curr, stack, top, flags, status, h.shape[0], h.shape[1],

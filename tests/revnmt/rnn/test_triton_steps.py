@@ -313,6 +313,17 @@ def test_each_kernel_is_one_dispatched_op():
     assert BACKENDS["triton"].steps is TRITON_STEPS
 
 
+def test_a_mask_of_strided_rows_is_refused():
+    # A step's row of a transposed [T, B] mask: the kernels read B adjacent booleans, so they would read others.
+    buf = InformationBuffer(B, 2, DEVICE, MAX_BITS, backend="triton", eager_checks=False)
+    h = torch.zeros(B, H, dtype=torch.int32, device=DEVICE)
+    pre, proj = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 5 * H, device=DEVICE)
+    out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)
+    strided = torch.ones(B, 3, dtype=torch.bool, device=DEVICE)[:, 0]
+    with pytest.raises(ValueError, match="adjacent rows"):
+        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, strided, 0, MAX_BITS, *out.split(H, 1))
+
+
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
 def test_triton_sweep_is_exact_and_its_gradients_match_autograd(cell):
     # Padding in three rows and a stored slice: the backward sweep's guard
