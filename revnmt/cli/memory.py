@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import BatchSampler, DataOptions, load_data, make_batch
+from revnmt.data import BatchSampler, DataOptions, TrainingData, load_data, make_batch
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
@@ -87,14 +87,15 @@ def _speed(model: Seq2Seq, checkpoint_steps: int | str, batches: list) -> dict[s
     return tokens_per_second({name: step(net) for name, net in models.items()}, batches, warmup=SPEED_WARMUP)
 
 
-def budget_report(model: Seq2Seq, args: argparse.Namespace, lengths, checkpoint_steps: int | str) -> dict:
+def budget_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData, checkpoint_steps: int | str) -> dict:
     """The token batch the model and each model it is compared with fit under ``--memory-budget``, as
     revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan."""
     device = torch.device(args.device)
     report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
     for name, cfg in comparison_configs(model.cfg, checkpoint_steps).items():
         candidate = model if name == "reversible" else build_model(cfg).to(device)
-        plan = plan_budget(candidate, args.memory_budget, args.optimizer, lengths, device)
+        plan = plan_budget(candidate, args.memory_budget, args.optimizer, data.train.lengths, device,
+                           mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes())
         report["batch_tokens"][name] = plan.batch_tokens
         report["costliest_batch"][name] = {"sentences": plan.worst_batch[0], "length": plan.worst_batch[1]}
         report["measured_peak"][name] = measure_planned_step(candidate, plan, device)
@@ -148,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{LABELS[name]} {value:,.0f}" for name, value in report["tokens_per_s"].items()))
     if args.memory_budget is not None:
         try:
-            report["budget"] = budget_report(model, args, data.train.lengths, report["checkpoint_steps"])
+            report["budget"] = budget_report(model, args, data, report["checkpoint_steps"])
         except BudgetError as error:
             print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2

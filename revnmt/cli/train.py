@@ -348,7 +348,8 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
             logger.warning("--memory-budget %s is more than this machine has (%s): the plan may choose a batch "
                            "that does not fit", format_bytes(cfg.memory_budget), format_bytes(capacity))
         plan = plan_budget(model, cfg.memory_budget, cfg.optimizer, data.train.lengths, torch.device(cfg.device),
-                           beam=max(cfg.valid_beam, cfg.test_beam))
+                           beam=max(cfg.valid_beam, cfg.test_beam),
+                           mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes())
     logger.info("%s", plan.describe())
     return plan
 

@@ -52,11 +52,11 @@ def decode_lines(data: bytes, name: str) -> list[str]:
     lines: list[str] = []
     bad_lines: list[int] = []
     for number, raw in enumerate(raw_lines, start=1):
-        line, valid = _decode_line(raw)
+        line, valid = decode_line(raw)
         lines.append(line)
         if not valid:
             bad_lines.append(number)
-    _report_invalid(name, bad_lines)
+    report_invalid(name, bad_lines)
     return lines
 
 
@@ -65,13 +65,13 @@ def decode_stream(stream: Iterable[bytes], name: str) -> Iterator[str]:
     binary stream (which splits on b"\\n" only) is decoded as soon as it is read, and invalid UTF-8
     is logged at once, in a warning for that line."""
     for number, raw in enumerate(stream, start=1):
-        line, valid = _decode_line(raw.removesuffix(b"\n"))
+        line, valid = decode_line(raw.removesuffix(b"\n"))
         if not valid:
-            _report_invalid(name, [number])
+            report_invalid(name, [number])
         yield line
 
 
-def _decode_line(raw: bytes) -> tuple[str, bool]:
+def decode_line(raw: bytes) -> tuple[str, bool]:
     """A line (without its b"\\n") decoded without a final "\\r", and False if it held invalid UTF-8
     (replaced by U+FFFD)."""
     raw = raw.removesuffix(b"\r")
@@ -81,7 +81,7 @@ def _decode_line(raw: bytes) -> tuple[str, bool]:
         return raw.decode("utf-8", errors="replace"), False
 
 
-def _report_invalid(name: str, bad_lines: list[int]) -> None:
+def report_invalid(name: str, bad_lines: list[int]) -> None:
     """One warning for the lines of ``name`` (1-based numbers) that held invalid UTF-8, if any."""
     if bad_lines:
         shown = ", ".join(map(str, bad_lines[:_MAX_REPORTED_LINES]))

@@ -4,16 +4,29 @@ datasets (:func:`load_data`)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
+import tempfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+import numpy as np
+
 from .batching import EncodedDataset
 from .corpus import ParallelCorpus, load_parallel
+from .encoding import WordRule, encode_corpus, read_pairs
 from .fingerprint import corpus_fingerprint, file_fingerprint
 from .multi30k import MULTI30K_SPLITS, find_multi30k
-from .prepared import MODEL_FILES, load_prepared, read_manifest, read_models, write_prepared
-from .subword import DEFAULT_VOCAB_SIZE, SUBWORD_TYPES, SubwordTokenizer, read_subword_model, train_subword_model
+from .prepared import MODEL_FILES, Preparation, load_prepared, read_manifest, read_models
+from .subword import (
+    DEFAULT_VOCAB_SIZE,
+    SUBWORD_TYPES,
+    SubwordTokenizer,
+    read_subword_model,
+    sample_indices,
+    train_subword_model,
+)
 from .tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
 from .vocab import SPECIALS, Vocabulary
 
@@ -156,11 +169,11 @@ class TrainingData:
     fingerprint: dict[str, dict]  # of the training and dev corpora, as DataConfig.fingerprint gives it
 
 
-def text_options(config: DataConfig, train: ParallelCorpus | None = None) -> DataOptions:
+def text_options(config: DataConfig) -> DataOptions:
     """How the text of a new run becomes tokens: the options of ``config`` (resolved), with its
-    SentencePiece models read (``spm_model``) or trained on the training corpus (``subword``; ``train``
-    if given, else read). A resumed run takes its checkpoint's options instead, and so never retrains
-    its models. FileNotFoundError / ValueError with messages meant for the user."""
+    SentencePiece models read (``spm_model``) or trained on the training corpus (``subword``). A resumed
+    run takes its checkpoint's options instead, and so never retrains its models. FileNotFoundError /
+    ValueError with messages meant for the user."""
     config = config.resolved()
     options = DataOptions(config.src, config.tgt, config.lowercase, config.max_len)
     if config.spm_model:
@@ -168,18 +181,33 @@ def text_options(config: DataConfig, train: ParallelCorpus | None = None) -> Dat
         return replace(options, src_spm=read_subword_model(src_path), tgt_spm=read_subword_model(tgt_path))
     if config.subword == "none":
         return options
-    train = train or _training_corpus(config)
-    # Trained on the text as it will be split: lowercased if the run lowercases.
-    src, tgt = ([line.lower() for line in lines] if config.lowercase else lines for lines in (train.src, train.tgt))
 
-    def trained(sentences: list[str], langs: str) -> bytes:
-        return train_subword_model(sentences, config.subword, config.vocab_size,
-                                   f"the training corpus {config.train} ({langs})")
+    def trained(sides: tuple[int, ...], langs: str) -> bytes:
+        name = f"the training corpus {config.train} ({langs})"
+        return train_subword_model(_training_sentences(config, sides, name), config.subword, config.vocab_size, name)
 
     if config.joint_vocab:
-        model = trained(src + tgt, f"{config.src} and {config.tgt}")
+        model = trained((0, 1), f"{config.src} and {config.tgt}")
         return replace(options, src_spm=model, tgt_spm=model)
-    return replace(options, src_spm=trained(src, config.src), tgt_spm=trained(tgt, config.tgt))
+    return replace(options, src_spm=trained((0,), config.src), tgt_spm=trained((1,), config.tgt))
+
+
+def _training_sentences(config: DataConfig, sides: tuple[int, ...], name: str) -> list[str]:
+    """The sentences a SentencePiece model of ``sides`` (0: source, 1: target; the source's first) is trained
+    on, as the run will split them (lowercased if it lowercases): all of the training corpus's, or the sample
+    :func:`revnmt.data.subword.sample_indices` draws. Streamed: only the chosen sentences are kept."""
+    if not (config.train and config.valid):
+        raise ValueError("no training data: give --data multi30k, or --train and --valid")
+    corpus = functools.partial(read_pairs, config.train, config.src, config.tgt, config.train_limit)
+    pairs = sum(len(chunk) for chunk in corpus())
+    chosen = np.zeros(len(sides) * pairs, dtype=bool)
+    chosen[np.asarray(sample_indices(len(chosen), name), dtype=np.int64)] = True
+    kept: list[list[str]] = [[] for _ in sides]
+    for i, pair in enumerate(itertools.chain.from_iterable(corpus())):
+        for k, side in enumerate(sides):
+            if chosen[k * pairs + i]:
+                kept[k].append(pair[side].lower() if config.lowercase else pair[side])
+    return list(itertools.chain.from_iterable(kept))
 
 
 def prepared_options(config: DataConfig, fingerprint: dict[str, dict], folder: Path) -> DataOptions | None:
@@ -191,16 +219,6 @@ def prepared_options(config: DataConfig, fingerprint: dict[str, dict], folder: P
 
 def _manifest_options(folder: Path, manifest: dict) -> DataOptions:
     return DataOptions(**manifest["options"], **read_models(folder))
-
-
-def _training_corpus(config: DataConfig) -> ParallelCorpus:
-    """The training pairs of a resolved config (the first ``train_limit`` of them)."""
-    if not (config.train and config.valid):
-        raise ValueError("no training data: give --data multi30k, or --train and --valid")
-    train = load_parallel(config.train, config.src, config.tgt)
-    if config.train_limit is not None and config.train_limit < len(train):
-        train = ParallelCorpus(train.src[: config.train_limit], train.tgt[: config.train_limit], train.name)
-    return train
 
 
 def load_data(config: DataConfig, options: DataOptions | None = None,
@@ -232,41 +250,59 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
         vocabs = manifest["src_vocab"], manifest["tgt_vocab"]
         if (options is None or options == kept) and (vocab_tokens is None or tuple(vocab_tokens) == vocabs):
             logger.info("data: reading the ids prepared in %s", prepared)
-            src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocabs)
-            return _training_data(config, kept, src_vocab, tgt_vocab, load_prepared(prepared, manifest), valid, test,
-                                  fingerprint)
-    train = _training_corpus(config)
-    options = options or text_options(config, train)
-
+            return _training_data(config, kept, *_vocabularies(manifest), load_prepared(prepared, manifest), valid,
+                                  test, fingerprint)
+    options = options or text_options(config)
     src_tok, tgt_tok = options.source_tokenizer(), options.target_tokenizer()
-    if vocab_tokens is not None:
-        src_vocab, tgt_vocab = (Vocabulary(tokens[len(SPECIALS):]) for tokens in vocab_tokens)
-    elif options.subwords:
-        src_vocab, tgt_vocab = src_tok.vocabulary(), tgt_tok.vocabulary()
-    else:
-        src_vocab, tgt_vocab = (Vocabulary.build((tok.tokenize(line) for line in lines), config.min_freq,
-                                                 config.max_vocab)
-                                for tok, lines in ((src_tok, train.src), (tgt_tok, train.tgt)))
-        for lang, vocab in ((config.src, src_vocab), (config.tgt, tgt_vocab)):
+    vocabs = None if vocab_tokens is None else tuple(Vocabulary(tokens[len(SPECIALS):]) for tokens in vocab_tokens)
+    if prepared is not None and write:
+        with Preparation(prepared) as preparation:
+            manifest = _prepare(config, options, (src_tok, tgt_tok), vocabs, key, valid, preparation)
+        logger.info("data: ids prepared in %s", prepared)
+        return _training_data(config, options, *_vocabularies(manifest), load_prepared(prepared, manifest), valid, test,
+                              fingerprint)
+    # Nowhere to keep them: prepared in a temporary folder all the same, and read back into memory.
+    with tempfile.TemporaryDirectory(prefix="revnmt-data-") as folder, Preparation(Path(folder) / "data") as prep:
+        manifest = _prepare(config, options, (src_tok, tgt_tok), vocabs, key, valid, prep)
+        datasets = {name: EncodedDataset.from_arrays(
+            {part: np.array(array) for part, array in dataset.arrays().items()}, dataset.n_filtered)
+            for name, dataset in load_prepared(prep.folder, manifest).items()}
+    return _training_data(config, options, *_vocabularies(manifest), datasets, valid, test, fingerprint)
+
+
+def _prepare(config: DataConfig, options: DataOptions, tokenizers: tuple[SentenceTokenizer, SentenceTokenizer],
+             vocabs: tuple[Vocabulary, Vocabulary] | None, key: dict, valid: ParallelCorpus,
+             preparation: Preparation) -> dict:
+    """Encode the training corpus (streamed, see :mod:`revnmt.data.encoding`) and the dev set into
+    ``preparation`` and commit it; its manifest."""
+    unit = "pieces" if options.subwords else "tokens"
+    train = encode_corpus(config.train, config.src, config.tgt, tokenizers, preparation.writer("train"), vocabs,
+                          WordRule(config.min_freq, config.max_vocab), options.max_len, config.train_limit,
+                          scratch=preparation.staging)
+    if not options.subwords and vocabs is None:
+        for lang, vocab in ((config.src, train.src_vocab), (config.tgt, train.tgt_vocab)):
             if len(vocab) == len(SPECIALS):
                 raise ValueError(f"{config.train}: no {lang} token occurs --min-freq {config.min_freq} times")
-
-    unit = "pieces" if options.subwords else "tokens"
-    train_set = EncodedDataset.from_corpus(train, src_tok, tgt_tok, src_vocab, tgt_vocab, max_len=options.max_len)
-    if len(train_set) == 0:
+    if options.max_len is not None:
+        logger.info("train: filtered %d of %d pairs longer than %d %s", train.too_long,
+                    train.pairs + train.filtered, options.max_len, unit)
+    if train.empty_source:
+        logger.warning("train: dropped %d pairs whose source has no %s", train.empty_source, unit)
+    if train.pairs == 0:
         raise ValueError(f"{config.train}: no training pair has at most --max-len {options.max_len} {unit} per side")
-    valid_set = EncodedDataset.from_corpus(valid, src_tok, tgt_tok, src_vocab, tgt_vocab)
+    preparation.count("train", train.pairs, train.filtered)
+    valid_set = EncodedDataset.from_corpus(valid, *tokenizers, train.src_vocab, train.tgt_vocab)
     if len(valid_set) == 0:
         raise ValueError(f"{config.valid}: no dev pair has a source with {unit}")
-    datasets = {"train": train_set, "valid": valid_set}
-    if prepared is not None and write:
-        text = {name: value for name, value in options.to_dict().items() if name not in MODEL_FILES}
-        models = {name: getattr(options, name) for name in MODEL_FILES if getattr(options, name) is not None}
-        manifest = {"key": key, "options": text, "src_vocab": src_vocab.itos, "tgt_vocab": tgt_vocab.itos}
-        manifest = write_prepared(prepared, manifest, models, datasets)
-        logger.info("data: ids prepared in %s", prepared)
-        datasets = load_prepared(prepared, manifest)  # read back memory-mapped: the encoded arrays can go
-    return _training_data(config, options, src_vocab, tgt_vocab, datasets, valid, test, fingerprint)
+    preparation.add("valid", valid_set, (len(train.src_vocab), len(train.tgt_vocab)))
+    text = {name: value for name, value in options.to_dict().items() if name not in MODEL_FILES}
+    models = {name: getattr(options, name) for name in MODEL_FILES if getattr(options, name) is not None}
+    manifest = {"key": key, "options": text, "src_vocab": train.src_vocab.itos, "tgt_vocab": train.tgt_vocab.itos}
+    return preparation.commit(manifest, models)
+
+
+def _vocabularies(manifest: dict) -> tuple[Vocabulary, Vocabulary]:
+    return tuple(Vocabulary(manifest[f"{side}_vocab"][len(SPECIALS):]) for side in ("src", "tgt"))
 
 
 def _training_data(config: DataConfig, options: DataOptions, src_vocab: Vocabulary, tgt_vocab: Vocabulary,

@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from .batching import EncodedDataset
+from .encoding import ArrayWriter, id_dtype
 
 MANIFEST = "manifest.json"
 DATASETS = ("train", "valid")
@@ -40,37 +42,67 @@ def read_manifest(folder: Path, key: dict) -> dict | None:
     return manifest if manifest.get("key") == key else None
 
 
-def write_prepared(folder: Path, manifest: dict, models: dict[str, bytes],
-                   datasets: dict[str, EncodedDataset]) -> dict:
-    """Write ``datasets`` (``train``, ``valid``), the SentencePiece ``models`` (by :data:`MODEL_FILES` field)
-    and ``manifest`` (its ``key``, ``src_vocab`` and ``tgt_vocab`` token lists included) into ``folder``,
-    replacing what it held; returns the manifest as written (with the datasets' counts)."""
-    staging = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")  # made with the user's umask, unlike mkdtemp
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        counts = {}
-        for name, dataset in datasets.items():
-            arrays = dataset.arrays()
-            for side in ("src", "tgt"):
-                arrays[side] = _ids(arrays[side], len(manifest[f"{side}_vocab"]))
-            for part in _ARRAYS:
-                np.save(staging / f"{name}.{part}.npy", arrays[part])
-            counts[name] = {"pairs": len(dataset), "filtered": dataset.n_filtered}
+class Preparation:
+    """A folder of prepared data being written: staged beside ``folder``, which it replaces whole on
+    :meth:`commit`. As a context manager it removes the staging folder if the block fails (or never commits)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        # made with the user's umask, unlike mkdtemp
+        self.staging = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def __enter__(self) -> Preparation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def writer(self, name: str) -> ArrayWriter:
+        """An :data:`revnmt.data.encoding.ArrayWriter` of dataset ``name``: each part an ``.npy`` file, written
+        block by block (as :func:`revnmt.data.encoding.encode_corpus` produces them)."""
+        def write(part: str, dtype: np.dtype, length: int, blocks: Iterable[np.ndarray]) -> None:
+            with open(self.staging / f"{name}.{part}.npy", "wb") as f:
+                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                         "fortran_order": False, "shape": (length,)})
+                written = 0
+                for block in blocks:
+                    f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+                    written += len(block)
+            if written != length:
+                raise RuntimeError(f"{name}.{part}: {written} values written for an array of {length}")
+        return write
+
+    def add(self, name: str, dataset: EncodedDataset, vocab_sizes: tuple[int, int]) -> None:
+        """Write a dataset held in memory (the dev set) as dataset ``name``."""
+        arrays = dataset.arrays()
+        for side, size in zip(("src", "tgt"), vocab_sizes):
+            arrays[side] = arrays[side].astype(id_dtype(size))
+        for part in _ARRAYS:
+            np.save(self.staging / f"{name}.{part}.npy", arrays[part])
+        self.count(name, len(dataset), dataset.n_filtered)
+
+    def count(self, name: str, pairs: int, filtered: int) -> None:
+        """Record the counts of dataset ``name`` for the manifest."""
+        self.counts[name] = {"pairs": pairs, "filtered": filtered}
+
+    def commit(self, manifest: dict, models: dict[str, bytes]) -> dict:
+        """Write the SentencePiece ``models`` (by :data:`MODEL_FILES` field) and ``manifest`` (its ``key``,
+        ``src_vocab`` and ``tgt_vocab`` token lists included), and put the folder in place of the old one;
+        returns the manifest as written (with the datasets' counts)."""
         for field, model in models.items():
-            (staging / MODEL_FILES[field]).write_bytes(model)
-        manifest = manifest | {"datasets": counts}
-        (staging / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False) + "\n", encoding="utf-8")
-        old = folder.with_name(f".{folder.name}.old")
+            (self.staging / MODEL_FILES[field]).write_bytes(model)
+        manifest = manifest | {"datasets": self.counts}
+        (self.staging / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False) + "\n", encoding="utf-8")
+        old = self.folder.with_name(f".{self.folder.name}.old")
         shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(staging, folder)
+        if self.folder.exists():
+            os.replace(self.folder, old)
+        os.replace(self.staging, self.folder)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return manifest
+        return manifest
 
 
 def read_models(folder: Path) -> dict[str, bytes]:
@@ -87,8 +119,3 @@ def mapped_dataset(folder: Path, name: str, n_filtered: int) -> EncodedDataset:
     """Dataset ``name`` of ``folder``, memory-mapped (and pickled as this call: see ``EncodedDataset.from_arrays``)."""
     arrays = {part: np.load(folder / f"{name}.{part}.npy", mmap_mode="r") for part in _ARRAYS}
     return EncodedDataset.from_arrays(arrays, n_filtered, reopen=(mapped_dataset, (folder, name, n_filtered)))
-
-
-def _ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Token ids as int16 where the vocabulary allows (half the bytes of int32)."""
-    return ids.astype(np.int16) if vocab_size <= np.iinfo(np.int16).max + 1 else ids

@@ -61,6 +61,16 @@ class SubwordTokenizer:
         """The pieces of one raw sentence."""
         return self._sp.encode(line.lower() if self.lowercase else line, out_type=str)
 
+    def encode_ids(self, lines: list[str]) -> list[list[int]]:
+        """The model's piece ids of many raw sentences at once (SentencePiece encodes them on every core)."""
+        if self.lowercase:
+            lines = [line.lower() for line in lines]
+        return self._sp.encode(lines, out_type=int, num_threads=os.cpu_count() or 1)
+
+    def pieces(self) -> list[str]:
+        """The piece of each of the model's ids."""
+        return [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+
     def detokenize(self, pieces: Sequence[str]) -> str:
         """The text of pieces: "▁" becomes a space, byte pieces become their characters, and the model's
         normalization is undone where it can be."""
@@ -113,9 +123,7 @@ def train_subword_model(sentences: Sequence[str], kind: str, vocab_size: int, na
     if not sentences:
         raise ValueError(f"{name}: no text to train a SentencePiece model on")
     if len(sentences) > SAMPLE_SENTENCES:
-        logger.info("%s: training the SentencePiece model on a random sample of %d of its %d sentences", name,
-                    SAMPLE_SENTENCES, len(sentences))
-        sentences = [sentences[i] for i in sorted(random.Random(SEED).sample(range(len(sentences)), SAMPLE_SENTENCES))]
+        sentences = [sentences[i] for i in sample_indices(len(sentences), name)]
     writer = io.BytesIO()
     start = time.monotonic()
     try:
@@ -130,6 +138,16 @@ def train_subword_model(sentences: Sequence[str], kind: str, vocab_size: int, na
     logger.info("trained a SentencePiece %s model of %d pieces on %s (%d sentences) in %.1f s", kind, vocab_size,
                 name, len(sentences), time.monotonic() - start)
     return writer.getvalue()
+
+
+def sample_indices(n: int, name: str) -> Sequence[int]:
+    """Which of ``n`` sentences a model is trained on, in order: all, or a sample of :data:`SAMPLE_SENTENCES`
+    drawn with a fixed seed (logged, with ``name``)."""
+    if n <= SAMPLE_SENTENCES:
+        return range(n)
+    logger.info("%s: training the SentencePiece model on a random sample of %d of its %d sentences", name,
+                SAMPLE_SENTENCES, n)
+    return sorted(random.Random(SEED).sample(range(n), SAMPLE_SENTENCES))
 
 
 def _training_error(message: str, vocab_size: int) -> str:

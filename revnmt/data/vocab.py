@@ -37,9 +37,12 @@ class Vocabulary:
         Ties are broken by the token string, so the result does not depend on corpus order.
         ``max_size`` caps the number of ordinary tokens; the four specials come on top.
         """
-        counts = Counter(token for tokens in token_lists for token in tokens)
-        for special in SPECIALS:
-            counts.pop(special, None)  # a literal "<unk>" in the text maps to the special anyway
+        return cls.from_counts(Counter(token for tokens in token_lists for token in tokens), min_freq, max_size)
+
+    @classmethod
+    def from_counts(cls, counts: dict[str, int], min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
+        """:meth:`build` from each token's count."""
+        counts = {t: n for t, n in counts.items() if t not in SPECIALS}  # a literal "<unk>" is the special anyway
         kept = sorted((t for t, n in counts.items() if n >= min_freq), key=lambda t: (-counts[t], t))
         if max_size is not None:
             kept = kept[:max_size]

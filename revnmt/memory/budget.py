@@ -181,13 +181,17 @@ def eval_bytes(model: Seq2Seq, sentences: int, length: int, beam: int) -> int:
 
 
 def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
-                eval_batch_size: int = 64, beam: int = 5) -> BudgetPlan:
+                eval_batch_size: int = 64, beam: int = 5, mapped_bytes: int = 0) -> BudgetPlan:
     """The largest token batch whose training step keeps the measured peak within ``budget`` on data
-    with these pair ``lengths``; BudgetError if not even the process as it stands, or one short pair, fits."""
+    with these pair ``lengths``; BudgetError if not even the process as it stands, or one short pair, fits.
+
+    ``mapped_bytes``: the memory-mapped data the batches read (the prepared ids). Its pages join the process's
+    resident memory as the batches touch them, by the end of an epoch all of them, so on CPU, where the budget
+    is the process's RSS, it is counted as held from the start."""
     track_freed_memory()
     meter = PeakMeter(device)
     usable = budget * (1 - SAFETY_MARGIN)
-    base = base_bytes(model, optimizer, meter)
+    base = base_bytes(model, optimizer, meter) + (mapped_bytes if meter.device.type == "cpu" else 0)
     if base >= usable:
         raise BudgetError(f"before its first step the process holds {format_bytes(base)} ({meter.what}: the runtime, "
                           f"data, model and {optimizer} state, plus a {SAFETY_MARGIN:.0%} margin): a budget of at "
@@ -217,7 +221,7 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
         cost = fit(points, costs)
     # Large steps leave the runtime holding more than a small one did (the math libraries' work
     # buffers grow to the largest product and stay): that is held between all later steps too.
-    base = max(base, held_bytes(model, optimizer, meter))
+    base = max(base, held_bytes(model, optimizer, meter) + (mapped_bytes if meter.device.type == "cpu" else 0))
     room = usable - base
     tokens, (sentences, length) = _largest_batch(cost, room, lengths, present, min_length, budget, base)
     longest = max(int(n) for n in present if cost(1, n) <= room)

@@ -114,7 +114,7 @@ def test_token_batches_cover_every_index_once_within_budget(lengths, batch_token
     batches = sampler.batches(epoch=seed)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for batch in batches:
-        assert batch
+        assert len(batch)
         if padded_size(batch, lengths) > batch_tokens:
             assert len(batch) == 1 and batch[0] in sampler.oversized
     assert sampler.oversized == [i for i, n in enumerate(lengths) if n > batch_tokens]
@@ -139,17 +139,20 @@ def test_both_limits_apply():
 def test_oversized_example_gets_its_own_batch():
     sampler = BatchSampler([3, 50, 3, 3], batch_tokens=10, shuffle=False)
     assert sampler.oversized == [1]
-    assert [1] in sampler.batches(0)
+    assert [1] in [batch.tolist() for batch in sampler.batches(0)]
 
 
 def test_batches_are_a_function_of_seed_and_epoch():
     lengths = np.random.default_rng(1).integers(1, 40, size=2000)
+    def epoch(sampler, number):
+        return [batch.tolist() for batch in sampler.batches(number)]
+
     sampler = BatchSampler(lengths, batch_tokens=500, seed=7)
-    epoch3 = sampler.batches(3)
-    assert sampler.batches(3) == epoch3
-    assert BatchSampler(lengths, batch_tokens=500, seed=7).batches(3) == epoch3  # e.g. after a restart
-    assert sampler.batches(4) != epoch3
-    assert BatchSampler(lengths, batch_tokens=500, seed=8).batches(3) != epoch3
+    epoch3 = epoch(sampler, 3)
+    assert epoch(sampler, 3) == epoch3
+    assert epoch(BatchSampler(lengths, batch_tokens=500, seed=7), 3) == epoch3  # e.g. after a restart
+    assert epoch(sampler, 4) != epoch3
+    assert epoch(BatchSampler(lengths, batch_tokens=500, seed=8), 3) != epoch3
 
 
 def test_bucketing_reduces_padding():
@@ -164,7 +167,7 @@ def test_bucketing_reduces_padding():
 
 def test_unshuffled_unbucketed_batches_keep_order():
     batches = BatchSampler([1] * 10, batch_size=4, shuffle=False, bucket=False).batches(0)
-    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [batch.tolist() for batch in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"batch_tokens": 0}, {"batch_size": -1}])
@@ -202,3 +205,17 @@ def test_real_multi30k_validation_pipeline():
     batch = make_batch(data, batches[0])
     assert batch.src.shape[0] == batch.tgt_in.shape[0] == len(batches[0])
     assert batch.src.numel() <= 2000 and batch.tgt_out.numel() <= 2000
+
+
+def test_subset_keeps_the_chosen_pairs_and_counts_the_others_as_filtered():
+    rng = np.random.default_rng(0)
+    src = [list(rng.integers(4, 50, rng.integers(1, 9))) for _ in range(100)]
+    tgt = [list(rng.integers(4, 50, rng.integers(1, 9))) for _ in range(100)]
+    dataset = EncodedDataset(src, tgt, n_filtered=3, corpus_indices=range(5, 105))
+    keep = rng.random(100) < 0.6
+    kept, index = dataset.subset(keep), np.flatnonzero(keep)
+    assert len(kept) == len(index) and kept.n_filtered == 3 + 100 - len(index)
+    for j, i in enumerate(index):
+        assert list(kept[j].src) == src[i] and list(kept[j].tgt) == tgt[i]
+    assert list(kept.corpus_indices) == list(index + 5)
+    assert len(dataset.subset(np.zeros(100, dtype=bool))) == 0

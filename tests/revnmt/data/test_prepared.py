@@ -39,10 +39,11 @@ def test_a_second_run_reads_the_prepared_ids_without_the_training_text(toy, tmp_
     first = load_data(config, prepared=folder)
     assert prepared_options(config, config.fingerprint(), folder) == first.options
 
-    def unread(_config):
+    def unread(*_args, **_kwargs):
         raise AssertionError("the training corpus was read again")
 
-    monkeypatch.setattr(loading, "_training_corpus", unread)
+    for reader in ("read_pairs", "encode_corpus"):
+        monkeypatch.setattr(loading, reader, unread)
     again = load_data(config, first.options, (first.src_vocab.itos, first.tgt_vocab.itos), prepared=folder)
     _same_datasets(first.train, again.train)
 

@@ -110,6 +110,10 @@ def test_budgets_too_small_say_what_is_needed():
         plan_budget(model, 64 * MiB, "adam", LENGTHS, CPU)
     with pytest.raises(BudgetError, match="not even one"):
         plan_budget(model, _budget_above_base(model, 0) + MiB, "adam", LENGTHS, CPU)
+    # memory-mapped data the batches will page in is held too, on CPU
+    budget = _budget_above_base(model, 0) + 64 * MiB
+    with pytest.raises(BudgetError, match="before its first step the process holds"):
+        plan_budget(model, budget, "adam", LENGTHS, CPU, mapped_bytes=64 * MiB)
 
 
 @pytest.mark.parametrize("cost", [StepCost(2 * MiB, 40_000, 3_000),  # per-sentence costs dominate short pairs
