@@ -68,6 +68,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from machine import cpu_name
+
 from revnmt.cli.options import add_data_options
 from revnmt.data import MULTI30K_SPLITS, find_multi30k, language_file
 
@@ -355,16 +357,6 @@ def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -390,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     valid = str(multi30k / MULTI30K_SPLITS["valid"])
     work = args.work or Path(tempfile.mkdtemp(prefix="data-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = {"command": "python benchmarks/data_scale.py " + " ".join(argv), "cpu": _cpu_name(),
+    report = {"command": "python benchmarks/data_scale.py " + " ".join(argv), "cpu": cpu_name(),
               "cpu_count": os.cpu_count(), "seed": args.seed, "valid": valid, "work": str(work), "extra": extra,
               "cases": []}
     print(table_header(), flush=True)

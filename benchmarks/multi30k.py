@@ -36,7 +36,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from machine import cpu_name
 
 from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
 from revnmt.cli.options import byte_size
@@ -385,12 +385,7 @@ def dev_curves(results: list[dict]) -> str:
 
 
 def hardware(args: argparse.Namespace) -> dict:
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") and torch.cuda.is_available() else None
     return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__, "device": args.device,
             "jobs": args.jobs, "threads_per_job": args.threads}

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from machine import cpu_name
+
 from revnmt.data import MULTI30K_SPLITS, find_multi30k
 
 PAIRS = {"gru": (("revgru", "emb+slice"), ("gru", "hidden")), "lstm": (("revlstm", "emb+slice"), ("lstm", "hidden"))}
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         extra += ["--train", str(folder / MULTI30K_SPLITS["train"]), "--valid", str(folder / MULTI30K_SPLITS["valid"])]
 
     runs = args.runs or Path(tempfile.mkdtemp(prefix="train-speed-"))
-    report = {"command": "python benchmarks/train_speed.py " + " ".join(argv), "cpu": _cpu_name(),
+    report = {"command": "python benchmarks/train_speed.py " + " ".join(argv), "cpu": cpu_name(),
               "device": _device_name(args.device), "cases": []}
     for threads in args.threads:
         for family in args.pairs:
@@ -96,17 +98,7 @@ def _device_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name(torch.device(device))
-    return _cpu_name()
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    return cpu_name()
 
 
 if __name__ == "__main__":

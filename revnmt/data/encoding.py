@@ -97,32 +97,28 @@ def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = No
     bad: dict[Path, list[int]] = {src_path: [], tgt_path: []}
     read = kept = 0
     pairs: list[tuple[str, str]] = []
-    with _open(src_path) as src_file, _open(tgt_path) as tgt_file:
-        try:
-            for src_raw, tgt_raw in itertools.zip_longest(src_file, tgt_file):
-                if src_raw is None or tgt_raw is None:
-                    short, long_, rest = ((src_path, tgt_path, tgt_file) if src_raw is None
-                                          else (tgt_path, src_path, src_file))
-                    raise ValueError(f"parallel files differ in length: {short} has {read} lines, {long_} has "
-                                     f"{read + 1 + sum(1 for _ in rest)} lines")
-                read += 1
-                src, src_ok = decode_line(src_raw.removesuffix(b"\n"))
-                tgt, tgt_ok = decode_line(tgt_raw.removesuffix(b"\n"))
-                if not src_ok:
-                    bad[src_path].append(read)
-                if not tgt_ok:
-                    bad[tgt_path].append(read)
-                if not (src.strip() and tgt.strip()):
-                    continue
-                pairs.append((src, tgt))
-                kept += 1
-                if len(pairs) == chunk:
-                    yield pairs
-                    pairs = []
-                if kept == limit:
-                    break
-        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-            raise ValueError(f"{src_path} / {tgt_path}: truncated or corrupt gzip file ({error})") from error
+    src_file, tgt_file = _raw_lines(src_path), _raw_lines(tgt_path)
+    for src_raw, tgt_raw in itertools.zip_longest(src_file, tgt_file):
+        if src_raw is None or tgt_raw is None:
+            short, long_, rest = (src_path, tgt_path, tgt_file) if src_raw is None else (tgt_path, src_path, src_file)
+            raise ValueError(f"parallel files differ in length: {short} has {read} lines, {long_} has "
+                             f"{read + 1 + sum(1 for _ in rest)} lines")
+        read += 1
+        src, src_ok = decode_line(src_raw.removesuffix(b"\n"))
+        tgt, tgt_ok = decode_line(tgt_raw.removesuffix(b"\n"))
+        if not src_ok:
+            bad[src_path].append(read)
+        if not tgt_ok:
+            bad[tgt_path].append(read)
+        if not (src.strip() and tgt.strip()):
+            continue
+        pairs.append((src, tgt))
+        kept += 1
+        if len(pairs) == chunk:
+            yield pairs
+            pairs = []
+        if kept == limit:
+            break
     for path, lines in bad.items():
         report_invalid(str(path), lines)
     if read == 0:
@@ -353,5 +349,12 @@ class _Scratch:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a plain or gzipped file as bytes, read as they are needed; a damaged gzip file is a ValueError
+    naming it."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
+            yield from file
+    # EOFError: cut short (a download or a copy that stopped); the others: not gzip, or damaged.
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise ValueError(f"{path}: truncated or corrupt gzip file ({error})") from error

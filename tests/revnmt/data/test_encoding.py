@@ -81,3 +81,12 @@ def test_read_pairs_reports_sides_of_different_lengths(tmp_path):
     (tmp_path / "c.de").write_text("x\ny\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"c\.de has 2 lines, .*c\.en has 3 lines"):
         list(read_pairs(str(tmp_path / "c"), "en", "de"))
+
+
+def test_read_pairs_names_the_damaged_gzip_file(tmp_path):
+    data = gzip.compress(b"".join(b"sentence %d\n" % i for i in range(2000)))
+    (tmp_path / "c.en.gz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "c.de").write_text("".join(f"satz {i}\n" for i in range(2000)), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c\.en\.gz: truncated or corrupt gzip file") as error:
+        list(read_pairs(str(tmp_path / "c"), "en", "de"))
+    assert "c.de" not in str(error.value)
