@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one command (about 7 minutes on one H200):
+# Everything that needs a GPU, in one command (about 7 minutes on one H200; the steps' time limits bound it at 12):
 #   bash scripts/gpu_check.sh OUTDIR
 # Checks, run side by side (they time nothing):
 # 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps,
