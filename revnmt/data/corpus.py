@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import logging
 import os
 import zlib
@@ -14,6 +15,8 @@ logger = logging.getLogger(__name__)
 
 # How many offending line numbers a decoding warning lists before it only gives the count.
 _MAX_REPORTED_LINES = 5
+#: Pairs per chunk of :func:`read_pairs`: what one tokenizing worker takes at a time.
+CHUNK_PAIRS = 4096
 
 
 def read_lines(path: str | os.PathLike[str]) -> list[str]:
@@ -119,30 +122,67 @@ def language_file(prefix: str, lang: str) -> Path:
 
 
 def load_parallel(prefix: str | os.PathLike[str], src_lang: str, tgt_lang: str) -> ParallelCorpus:
-    """Load the parallel corpus ``PREFIX.SRC_LANG`` / ``PREFIX.TGT_LANG`` (each plain or ``.gz``).
+    """Load the parallel corpus ``PREFIX.SRC_LANG`` / ``PREFIX.TGT_LANG`` (each plain or ``.gz``) whole: the pairs of
+    :func:`read_pairs` (those with an empty side dropped, with a warning)."""
+    pairs = [pair for chunk in read_pairs(os.fspath(prefix), src_lang, tgt_lang) for pair in chunk]
+    return ParallelCorpus(src=[src for src, _ in pairs], tgt=[tgt for _, tgt in pairs], name=Path(prefix).name)
 
-    Pairs where either side is empty (or only whitespace) are dropped with a warning.
+
+def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = None,
+               chunk: int = CHUNK_PAIRS) -> Iterator[list[tuple[str, str]]]:
+    """The sentence pairs of ``PREFIX.SRC`` / ``PREFIX.TGT`` (each plain or gzipped), ``chunk`` at a time.
+
+    Pairs with an empty side are dropped with a warning and ``limit`` keeps the first that many of the others,
+    as :func:`revnmt.data.load_parallel` and ``--train-limit`` do. Invalid UTF-8 becomes U+FFFD, logged with
+    its lines. ValueError naming the files if their lengths differ, one is empty, no pair has text on both
+    sides, or a gzip file is damaged.
     """
-    prefix = os.fspath(prefix)
-    src_path = language_file(prefix, src_lang)
-    tgt_path = language_file(prefix, tgt_lang)
-    src = read_lines(src_path)
-    tgt = read_lines(tgt_path)
-    for path, lines in ((src_path, src), (tgt_path, tgt)):
-        if not lines:
-            raise ValueError(f"corpus file is empty: {path}")
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)} lines"
-        )
+    src_path, tgt_path = language_file(prefix, src_lang), language_file(prefix, tgt_lang)
+    bad: dict[Path, list[int]] = {src_path: [], tgt_path: []}
+    read = kept = 0
+    pairs: list[tuple[str, str]] = []
+    src_file, tgt_file = _raw_lines(src_path), _raw_lines(tgt_path)
+    for src_raw, tgt_raw in itertools.zip_longest(src_file, tgt_file):
+        if src_raw is None or tgt_raw is None:
+            short, long_, rest = (src_path, tgt_path, tgt_file) if src_raw is None else (tgt_path, src_path, src_file)
+            if read == 0:
+                raise ValueError(f"corpus file is empty: {short}")
+            raise ValueError(f"parallel files differ in length: {short} has {read} lines, {long_} has "
+                             f"{read + 1 + sum(1 for _ in rest)} lines")
+        read += 1
+        src, src_ok = decode_line(src_raw.removesuffix(b"\n"))
+        tgt, tgt_ok = decode_line(tgt_raw.removesuffix(b"\n"))
+        if not src_ok:
+            bad[src_path].append(read)
+        if not tgt_ok:
+            bad[tgt_path].append(read)
+        if not (src.strip() and tgt.strip()):
+            continue
+        pairs.append((src, tgt))
+        kept += 1
+        if len(pairs) == chunk:
+            yield pairs
+            pairs = []
+        if kept == limit:
+            break
+    for path, lines in bad.items():
+        report_invalid(str(path), lines)
+    if read == 0:
+        raise ValueError(f"corpus file is empty: {src_path}")
+    if kept == 0:
+        raise ValueError(f"corpus {src_path} / {tgt_path} has no pair with text on both sides")
+    if kept < read:
+        logger.warning("%s / %s: dropped %d of %d pairs with an empty side", src_path, tgt_path, read - kept, read)
+    if pairs:
+        yield pairs
 
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
-    if len(keep) < len(src):
-        logger.warning(
-            "%s / %s: dropped %d of %d pairs with an empty side", src_path, tgt_path, len(src) - len(keep), len(src)
-        )
-        if not keep:
-            raise ValueError(f"corpus {src_path} / {tgt_path} has no pair with text on both sides")
-        src = [src[i] for i in keep]
-        tgt = [tgt[i] for i in keep]
-    return ParallelCorpus(src=src, tgt=tgt, name=Path(prefix).name)
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a plain or gzipped file as bytes, read as they are needed; a damaged gzip file is a ValueError
+    naming it."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
+            yield from file
+    # EOFError: cut short (a download or a copy that stopped); the others: not gzip, or damaged.
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise ValueError(f"{path}: truncated or corrupt gzip file ({error})") from error

@@ -1,7 +1,7 @@
 """Encoding a training corpus of any size: streamed from its files, tokenized on every core, written as arrays.
 
 A million sentence pairs held as Python strings and lists of ids take gigabytes, and Moses tokenization in one
-process takes minutes. Here the corpus is read in chunks of :data:`CHUNK_PAIRS` pairs (plain or gzipped files,
+process takes minutes. Here the corpus is read in chunks of :data:`revnmt.data.corpus.CHUNK_PAIRS` pairs (plain or gzipped files,
 never whole), and each chunk is tokenized where it is cheapest: Moses words in a pool of worker processes (one
 per core: sacremoses is pure Python), SentencePiece pieces by the library's own batched, multi-threaded
 encoding. Nothing of a chunk's text outlives it.
@@ -23,7 +23,6 @@ memory gives (:meth:`EncodedDataset.from_corpus`), whatever the number of worker
 from __future__ import annotations
 
 import collections
-import gzip
 import itertools
 import logging
 import multiprocessing
@@ -31,7 +30,6 @@ import os
 import shutil
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,15 +37,13 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .corpus import decode_line, language_file, report_invalid
+from .corpus import CHUNK_PAIRS, language_file, read_pairs
 from .subword import SubwordTokenizer
 from .tokenization import SentenceTokenizer
 from .vocab import UNK, Vocabulary
 
 logger = logging.getLogger(__name__)
 
-#: Pairs per chunk: what one worker tokenizes at a time.
-CHUNK_PAIRS = 4096
 #: Below this size of the source file the corpus is tokenized in the calling process: starting workers (each
 #: imports torch) costs more than they save on a small corpus.
 POOL_MIN_BYTES = 2 << 20
@@ -84,53 +80,6 @@ class EncodedCorpus:
         return self.too_long + self.empty_source
 
 
-def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = None,
-               chunk: int = CHUNK_PAIRS) -> Iterator[list[tuple[str, str]]]:
-    """The sentence pairs of ``PREFIX.SRC`` / ``PREFIX.TGT`` (each plain or gzipped), ``chunk`` at a time.
-
-    Pairs with an empty side are dropped with a warning and ``limit`` keeps the first that many of the others,
-    as :func:`revnmt.data.load_parallel` and ``--train-limit`` do. Invalid UTF-8 becomes U+FFFD, logged with
-    its lines. ValueError naming the files if their lengths differ, one is empty, no pair has text on both
-    sides, or a gzip file is damaged.
-    """
-    src_path, tgt_path = language_file(prefix, src_lang), language_file(prefix, tgt_lang)
-    bad: dict[Path, list[int]] = {src_path: [], tgt_path: []}
-    read = kept = 0
-    pairs: list[tuple[str, str]] = []
-    src_file, tgt_file = _raw_lines(src_path), _raw_lines(tgt_path)
-    for src_raw, tgt_raw in itertools.zip_longest(src_file, tgt_file):
-        if src_raw is None or tgt_raw is None:
-            short, long_, rest = (src_path, tgt_path, tgt_file) if src_raw is None else (tgt_path, src_path, src_file)
-            raise ValueError(f"parallel files differ in length: {short} has {read} lines, {long_} has "
-                             f"{read + 1 + sum(1 for _ in rest)} lines")
-        read += 1
-        src, src_ok = decode_line(src_raw.removesuffix(b"\n"))
-        tgt, tgt_ok = decode_line(tgt_raw.removesuffix(b"\n"))
-        if not src_ok:
-            bad[src_path].append(read)
-        if not tgt_ok:
-            bad[tgt_path].append(read)
-        if not (src.strip() and tgt.strip()):
-            continue
-        pairs.append((src, tgt))
-        kept += 1
-        if len(pairs) == chunk:
-            yield pairs
-            pairs = []
-        if kept == limit:
-            break
-    for path, lines in bad.items():
-        report_invalid(str(path), lines)
-    if read == 0:
-        raise ValueError(f"corpus file is empty: {src_path}")
-    if kept == 0:
-        raise ValueError(f"corpus {src_path} / {tgt_path} has no pair with text on both sides")
-    if kept < read:
-        logger.warning("%s / %s: dropped %d of %d pairs with an empty side", src_path, tgt_path, read - kept, read)
-    if pairs:
-        yield pairs
-
-
 #: ``write(part, dtype, length, blocks)`` stores one part of a dataset's arrays, ``length`` values of ``dtype``
 #: that arrive in ``blocks`` (so that no part need be whole in memory).
 ArrayWriter = Callable[[str, np.dtype, int, Iterable[np.ndarray]], None]
@@ -157,9 +106,10 @@ def encode_corpus(prefix: str, src_lang: str, tgt_lang: str, tokenizers: tuple[S
     if workers is None:
         big = language_file(prefix, src_lang).stat().st_size >= POOL_MIN_BYTES
         workers = (os.cpu_count() or 1) if big and isinstance(chunks, _WordChunks) else 0
-    scratch_dir = _Scratch(scratch)
+    scratch_dir = Path(tempfile.mkdtemp(prefix="revnmt-encoding-", dir=scratch))
     try:
-        sides = (_Side(scratch_dir.file("src")), _Side(scratch_dir.file("tgt")))
+        # closed by _Side.close
+        sides = tuple(_Side(open(scratch_dir / f"{name}.ids", "wb")) for name in ("src", "tgt"))  # noqa: SIM115
         pairs = 0
         for src, tgt in _in_order(chunks, read_pairs(prefix, src_lang, tgt_lang, limit, chunk), workers):
             sides[0].add(*src)
@@ -181,7 +131,7 @@ def encode_corpus(prefix: str, src_lang: str, tgt_lang: str, tokenizers: tuple[S
         for name, side, tokenizer, vocab in zip(("src", "tgt"), sides, tokenizers, vocabs):
             side.write_ids(name, keep, chunks.table(side, tokenizer, vocab), id_dtype(len(vocab)), write)
     finally:
-        scratch_dir.remove()
+        shutil.rmtree(scratch_dir, ignore_errors=True)
     logger.info("data: %s: %d pairs encoded in %.1f s%s", prefix, pairs, time.monotonic() - started,
                 f" by {workers} processes" if workers else "")
     return EncodedCorpus(vocabs[0], vocabs[1], len(lines), int(too_long.sum()), int(empty.sum()))
@@ -285,20 +235,16 @@ class _Side:
 
     file: BinaryIO
     tokens: list[str] = field(default_factory=list)  # words: the token of each provisional id
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # words: of each provisional id
     _index: dict[str, int] = field(default_factory=dict)
     _lengths: list[np.ndarray] = field(default_factory=list)
 
     def add(self, tokens: list[str] | None, ids: np.ndarray, lengths: np.ndarray) -> None:
-        if tokens is not None:  # the chunk's token indices to provisional ids
-            table = np.fromiter(map(self._provisional, tokens), np.int32, len(tokens))
-            ids = table[ids]
-        counts = np.bincount(ids, minlength=len(self.counts)) if len(ids) else np.zeros(0, np.int64)
-        if len(counts) > len(self.counts):
+        if tokens is not None:  # words: the chunk's token indices to provisional ids, and their counts
+            ids = np.fromiter(map(self._provisional, tokens), np.int32, len(tokens))[ids]
+            counts = np.bincount(ids, minlength=len(self.tokens))
             counts[: len(self.counts)] += self.counts
             self.counts = counts
-        else:
-            self.counts[: len(counts)] += counts
         self.file.write(ids.astype(np.int32).tobytes())
         self._lengths.append(lengths)
 
@@ -334,27 +280,3 @@ class _Side:
                 yield table[ids][np.repeat(keep[block], lengths[block])].astype(dtype)
 
         write(name, dtype, int(offsets[-1]), blocks())
-
-
-class _Scratch:
-    """A folder of scratch files, a temporary one unless given."""
-
-    def __init__(self, folder: Path | None) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="revnmt-encoding-", dir=folder))
-
-    def file(self, name: str) -> BinaryIO:
-        return open(self.folder / f"{name}.ids", "wb")  # noqa: SIM115 (closed by _Side.close)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _raw_lines(path: Path) -> Iterator[bytes]:
-    """The lines of a plain or gzipped file as bytes, read as they are needed; a damaged gzip file is a ValueError
-    naming it."""
-    try:
-        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
-            yield from file
-    # EOFError: cut short (a download or a copy that stopped); the others: not gzip, or damaged.
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-        raise ValueError(f"{path}: truncated or corrupt gzip file ({error})") from error

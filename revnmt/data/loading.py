@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from .batching import EncodedDataset
-from .corpus import ParallelCorpus, load_parallel
-from .encoding import WordRule, encode_corpus, read_pairs
+from .corpus import ParallelCorpus, load_parallel, read_pairs
+from .encoding import WordRule, encode_corpus
 from .fingerprint import corpus_fingerprint, file_fingerprint
 from .multi30k import MULTI30K_SPLITS, find_multi30k
 from .prepared import MODEL_FILES, Preparation, load_prepared, read_manifest, read_models

@@ -191,7 +191,8 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     track_freed_memory()
     meter = PeakMeter(device)
     usable = budget * (1 - SAFETY_MARGIN)
-    base = base_bytes(model, optimizer, meter) + (mapped_bytes if meter.device.type == "cpu" else 0)
+    mapped = mapped_bytes if meter.device.type == "cpu" else 0  # on CUDA the budget is the device's memory
+    base = base_bytes(model, optimizer, meter) + mapped
     if base >= usable:
         raise BudgetError(f"before its first step the process holds {format_bytes(base)} ({meter.what}: the runtime, "
                           f"data, model and {optimizer} state, plus a {SAFETY_MARGIN:.0%} margin): a budget of at "
@@ -221,7 +222,7 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
         cost = fit(points, costs)
     # Large steps leave the runtime holding more than a small one did (the math libraries' work
     # buffers grow to the largest product and stay): that is held between all later steps too.
-    base = max(base, held_bytes(model, optimizer, meter) + (mapped_bytes if meter.device.type == "cpu" else 0))
+    base = max(base, held_bytes(model, optimizer, meter) + mapped)
     room = usable - base
     tokens, (sentences, length) = _largest_batch(cost, room, lengths, present, min_length, budget, base)
     longest = max(int(n) for n in present if cost(1, n) <= room)

@@ -9,7 +9,8 @@ import pytest
 
 from revnmt.data import Tokenizer, Vocabulary, load_parallel
 from revnmt.data.batching import EncodedDataset
-from revnmt.data.encoding import WordRule, encode_corpus, read_pairs
+from revnmt.data.corpus import read_pairs
+from revnmt.data.encoding import WordRule, encode_corpus
 from revnmt.data.subword import SubwordTokenizer, train_subword_model
 
 
