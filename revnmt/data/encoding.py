@@ -2,9 +2,9 @@
 
 A million sentence pairs held as Python strings and lists of ids take gigabytes, and Moses tokenization in one
 process takes minutes. Here the corpus is read in chunks (:data:`revnmt.data.corpus.CHUNK_PAIRS` pairs; plain or
-gzipped files, never whole), and each chunk is tokenized where it is cheapest: Moses words in a pool of worker processes (one
-per core: sacremoses is pure Python), SentencePiece pieces by the library's own batched, multi-threaded
-encoding. Nothing of a chunk's text outlives it.
+gzipped files, never whole), and each chunk is tokenized where it is cheapest: Moses words in a pool of worker
+processes (one per core: sacremoses is pure Python), SentencePiece pieces by the library's own batched,
+multi-threaded encoding. Nothing of a chunk's text outlives it.
 
 Words need the whole corpus's counts before their vocabulary exists, so encoding takes two passes, over ids
 rather than text:
