@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one command (about 7 minutes on one H200; the steps' time limits bound it at 12):
-#   bash scripts/gpu_check.sh OUTDIR
+#   bash scripts/gpu_check.sh OUTDIR [all|checks|timings]   (default all)
 # Checks, run side by side (they time nothing):
 # 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps,
 #    host syncs under torch.cuda.set_sync_debug_mode, a whole reversible training step on the GPU, the memory
@@ -18,7 +18,9 @@
 # Uses .venv if there is one (bash scripts/setup.sh dev), else the python3 on PATH with torch and triton.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
+out=${1:?usage: bash scripts/gpu_check.sh OUTDIR [all|checks|timings]}
+what=${2:-all}
+case $what in all|checks|timings) ;; *) echo "gpu_check: run all, checks or timings, not '$what'" >&2; exit 2;; esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 py=python3
@@ -75,24 +77,28 @@ tiny=(--train "$toy/train" --valid "$toy/valid" --emb-dim 32 --hidden-size 32 --
 # where pytest-xdist is installed: in one process they do not finish within their time limit on an H200.
 workers=()
 "$py" -c "import xdist" 2>/dev/null && workers=(-n 8)
-step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" --tb=short \
-    --junitxml "$out/tests.xml" -k "cuda or test_triton_steps or triton_kernels" tests/buffers tests/revnmt &
-step kernels "$py" benchmarks/layers.py --device cuda --count-kernels --json "$out/kernels.json" &
-step hogwild "$py" -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2 &
-step torchrun "$py" -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29517 \
-    -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/torchrun" &
-wait
+if [ "$what" != timings ]; then
+    step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" --tb=short \
+        --junitxml "$out/tests.xml" -k "cuda or test_triton_steps or triton_kernels" tests/buffers tests/revnmt &
+    step kernels "$py" benchmarks/layers.py --device cuda --count-kernels --json "$out/kernels.json" &
+    step hogwild "$py" -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2 &
+    step torchrun "$py" -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29517 \
+        -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/torchrun" &
+    wait
+fi
 
-step layers "$py" benchmarks/layers.py --device cuda --repeats 7 --json "$out/layers.json"
-if data=$("$py" -c "from revnmt.data import find_multi30k; print(find_multi30k(download=False))" 2>/dev/null); then
-    iwslt=(--layers 2 --emb-dim 600 --hidden-size 600 --slice-dim 60)
-    # one tokenization of the corpus for every run (revnmt-prepare's format, read memory-mapped)
-    step iwslt-speed "$py" benchmarks/train_speed.py --device cuda --threads 4 --steps 120 --skip 40 --log-every 40 \
-        --runs "$out/runs/speed" --json "$out/iwslt-speed.json" -- "${iwslt[@]}" --prepared "$out/prepared"
-    step iwslt-memory "$py" -m revnmt.cli.memory --data-dir "$data" "${iwslt[@]}" --rnn revgru --batches 4 \
-        --device cuda --memory-budget 8GiB --prepared "$out/prepared" --json "$out/iwslt-memory.json"
-else
-    echo "== iwslt: skipped, Multi30K not found (set REVNMT_DATA)"
+if [ "$what" != checks ]; then
+    step layers "$py" benchmarks/layers.py --device cuda --repeats 7 --json "$out/layers.json"
+    if data=$("$py" -c "from revnmt.data import find_multi30k; print(find_multi30k(download=False))" 2>/dev/null); then
+        iwslt=(--layers 2 --emb-dim 600 --hidden-size 600 --slice-dim 60)
+        # one tokenization of the corpus for every run (revnmt-prepare's format, read memory-mapped)
+        step iwslt-speed "$py" benchmarks/train_speed.py --device cuda --threads 4 --steps 120 --skip 40 --log-every 40 \
+            --runs "$out/runs/speed" --json "$out/iwslt-speed.json" -- "${iwslt[@]}" --prepared "$out/prepared"
+        step iwslt-memory "$py" -m revnmt.cli.memory --data-dir "$data" "${iwslt[@]}" --rnn revgru --batches 4 \
+            --device cuda --memory-budget 8GiB --prepared "$out/prepared" --json "$out/iwslt-memory.json"
+    else
+        echo "== iwslt: skipped, Multi30K not found (set REVNMT_DATA)"
+    fi
 fi
 rm -rf "$out/runs" "$out/prepared" "$toy"  # checkpoints are large and prove nothing the logs do not
 

@@ -32,7 +32,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from buffers.backends.triton_kernels import elements
+    from buffers.backends.triton_kernels import COMPILE_OPTIONS, elements
     from revnmt.rnn.backends import BACKENDS
     from revnmt.rnn.kernels.triton_steps import (
         TRITON_STEPS,
@@ -77,7 +77,8 @@ def _gate_terms(kind, pre, proj, aux):
     """(z, u) of update ``kind`` from the kernels' own gate functions."""
     z, u = (torch.empty(B, H, device=DEVICE) for _ in range(2))
     _terms_kernel[(1,)](pre, pre.stride(0), proj, proj.stride(0), aux, aux.stride(0), z, u, B, H,
-                        forget_multiplier(MAX_BITS), KIND=kind, BLOCK=triton.next_power_of_2(B * H))
+                        forget_multiplier(MAX_BITS), KIND=kind, BLOCK=triton.next_power_of_2(B * H),
+                        **COMPILE_OPTIONS)  # as the fused kernels are compiled: no FMA contraction on a GPU
     return z, u
 
 
@@ -280,7 +281,7 @@ def test_activations_are_the_numba_kernels_bit_for_bit():
     want = torch.empty_like(x), torch.empty_like(x)
     numba_acts(x.numpy(), *(w.numpy() for w in want))
     got = torch.empty_like(x, device=DEVICE), torch.empty_like(x, device=DEVICE)
-    _activations_kernel[(1,)](x.to(DEVICE), *got, BLOCK=x.numel())
+    _activations_kernel[(1,)](x.to(DEVICE), *got, BLOCK=x.numel(), **COMPILE_OPTIONS)
     assert all(torch.equal(g.cpu().nan_to_num(7.0), w.nan_to_num(7.0)) for g, w in zip(got, want))
     assert got[0][0].isnan() and got[1][0].isnan()  # a NaN stays one (the update reports it)
 
