@@ -9,7 +9,7 @@ import torch
 
 from revnmt.data import DEFAULT_VOCAB_SIZE, SPECIALS, SUBWORD_TYPES, DataConfig
 from revnmt.memory.sizes import parse_bytes
-from revnmt.model import ATTENTION_TYPES, RNN_TYPES, ModelConfig
+from revnmt.model import ATTENTION_TYPES, ENCODER_TYPES, RNN_TYPES, ModelConfig
 from revnmt.rnn import backends
 
 
@@ -130,6 +130,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--emb-dim", type=int, default=defaults.emb_dim, help="word embedding size")
     model.add_argument("--hidden-size", type=int, default=defaults.hidden_size, help="RNN units per layer")
     model.add_argument("--layers", type=int, default=defaults.layers, help="encoder and decoder layers")
+    model.add_argument("--encoder", choices=ENCODER_TYPES, default=defaults.encoder,
+                       help="bidirectional: a second encoder stack reads the source backwards (reversible too, with a "
+                       "buffer of its own); attention keeps both directions' units, and the decoder starts from a "
+                       "learned projection of both final states (default: %(default)s)")
+    model.add_argument("--tie-embeddings", action="store_true",
+                       help="the output layer's weights are the target embeddings (needs --emb-dim = --hidden-size)")
+    model.add_argument("--share-embeddings", action="store_true",
+                       help="one embedding matrix for source and target (needs --subword with --joint-vocab)")
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
     model.add_argument("--checkpoint-steps", type=_checkpoint_steps, metavar="{K,auto}",
                        help="ordinary RNNs (gru, lstm): gradient checkpointing, keeping the state every K steps for "
@@ -152,7 +160,8 @@ def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> Mo
                        dropout=args.dropout, attention=args.attention, slice_dim=args.slice_dim,
                        max_forget_bits=args.max_forget_bits, buffer_lanes=args.buffer_lanes,
                        buffer_backend=args.buffer_backend, checkpoint_steps=args.checkpoint_steps,
-                       decoder_chunk_steps=args.decoder_chunk_steps,
+                       decoder_chunk_steps=args.decoder_chunk_steps, encoder=args.encoder,
+                       tie_embeddings=args.tie_embeddings, share_embeddings=args.share_embeddings,
                        src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate()
 
 

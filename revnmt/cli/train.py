@@ -241,6 +241,10 @@ def _run(config: RunConfig, job: Job) -> int:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    if config.model.share_embeddings and data.src_vocab.itos != data.tgt_vocab.itos:
+        logger.error("--share-embeddings needs one vocabulary for both languages: train with --subword and "
+                     "--joint-vocab, or leave --share-embeddings out")
+        return USAGE_ERROR
     config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
     model = build_model(config.model).to(cfg.device)
     plan = None

@@ -46,10 +46,9 @@ class SideBits:
                 "optimal_ratio": self.baseline_bits / self.optimal_bits if self.optimal_bits else None}
 
 
-def _ordinary_bits(cfg: ModelConfig, steps: int, batch: int) -> int:
-    """What an ordinary RNN of this size keeps: 32 bits per unit, step, row and layer (×2 for LSTM)."""
-    per_unit = 2 if cfg.rnn.endswith("lstm") else 1
-    return 32 * steps * batch * cfg.hidden_size * cfg.layers * per_unit
+def _ordinary_bits(cfg: ModelConfig, steps: int, batch: int, directions: int = 1) -> int:
+    """What an ordinary RNN of this size keeps: 32 bits per unit, step, row, layer and direction (×2 for LSTM)."""
+    return 32 * steps * batch * cfg.state_size * cfg.layers * directions
 
 
 @torch.no_grad()
@@ -63,11 +62,12 @@ def analytic_bits(model: Seq2Seq, batches: Iterable[Batch]) -> dict[str, SideBit
     for batch in batches:
         src, tgt_in, tgt_out = batch.src.t(), batch.tgt_in.t(), batch.tgt_out.t()
         masks = model.draw_masks(src.shape[1], src.device)
-        _, _, enc_tape, dec_tape = model.forward_sweeps(src, tgt_in, tgt_out, masks)
-        for name, tape, steps in (("encoder", enc_tape, src.shape[0]), ("decoder", dec_tape, tgt_in.shape[0])):
+        _, _, enc_tape, dec_tape, _ = model.forward_sweeps(src, tgt_in, tgt_out, masks)
+        for name, tape, steps, directions in (("encoder", enc_tape, src.shape[0], model.cfg.directions),
+                                              ("decoder", dec_tape, tgt_in.shape[0], 1)):
             stored = tape.stored_bits()
             side = sides[name]
-            side.baseline_bits += _ordinary_bits(model.cfg, steps, src.shape[1])
+            side.baseline_bits += _ordinary_bits(model.cfg, steps, src.shape[1], directions)
             side.actual_bits += stored["buffer_bits"] + stored["slice_bits"]
             side.optimal_bits += stored["optimal_buffer_bits"] + stored["slice_bits"]
     model.train(was_training)

@@ -6,11 +6,11 @@ reversal) or :class:`OrdinarySeq2Seq` (trained by autograd; :class:`Checkpointed
 """
 
 from .checkpointed import CheckpointedSeq2Seq
-from .config import ATTENTION_TYPES, RNN_TYPES, ModelConfig
+from .config import ATTENTION_TYPES, ENCODER_TYPES, RNN_TYPES, ModelConfig
 from .factory import build_model, model_from_checkpoint_state
 from .ordinary import OrdinarySeq2Seq
 from .reversible import ReversibleSeq2Seq
 from .seq2seq import Encoded, Seq2Seq, StepResult
 
-__all__ = ["ATTENTION_TYPES", "CheckpointedSeq2Seq", "Encoded", "ModelConfig", "OrdinarySeq2Seq", "RNN_TYPES",
-           "ReversibleSeq2Seq", "Seq2Seq", "StepResult", "build_model", "model_from_checkpoint_state"]
+__all__ = ["ATTENTION_TYPES", "ENCODER_TYPES", "CheckpointedSeq2Seq", "Encoded", "ModelConfig", "OrdinarySeq2Seq",
+           "RNN_TYPES", "ReversibleSeq2Seq", "Seq2Seq", "StepResult", "build_model", "model_from_checkpoint_state"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from revnmt.rnn.bidirectional import BidirectionalRNN
 from revnmt.rnn.checkpointed import CheckpointedRNN
 
 from .config import ModelConfig
@@ -23,12 +24,11 @@ from .seq2seq import StepResult
 class CheckpointedSeq2Seq(OrdinarySeq2Seq):
     """An :class:`OrdinarySeq2Seq` whose recurrent layers are checkpointed every ``cfg.checkpoint_steps``."""
 
-    encoder: CheckpointedRNN
+    encoder: CheckpointedRNN | BidirectionalRNN
     decoder: CheckpointedRNN
 
-    def make_rnns(self, cfg: ModelConfig) -> tuple[CheckpointedRNN, CheckpointedRNN]:
-        return tuple(CheckpointedRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
-                                     cfg.checkpoint_steps) for _ in range(2))
+    def make_rnn(self, cfg: ModelConfig) -> CheckpointedRNN:
+        return CheckpointedRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout, cfg.checkpoint_steps)
 
     def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                    normalizer: float) -> StepResult:

@@ -9,6 +9,7 @@ from revnmt.rnn import backends
 
 RNN_TYPES = ("revgru", "revlstm", "gru", "lstm")
 ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
+ENCODER_TYPES = ("unidirectional", "bidirectional")
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,11 @@ class ModelConfig:
     emb_dim: int = 300
     hidden_size: int = 300
     layers: int = 1
+    # bidirectional: a second encoder stack reads the source backwards; attention stores both directions' units
+    # and the decoder starts from a learned projection of both final states (revnmt.model.bridge)
+    encoder: str = "unidirectional"
+    tie_embeddings: bool = False  # the output layer's weights are the target embeddings (needs emb_dim == hidden_size)
+    share_embeddings: bool = False  # source and target embeddings are one matrix (needs a joint vocabulary)
     dropout: float = 0.4
     attention: str = "emb+slice"
     slice_dim: int = 20
@@ -40,11 +46,30 @@ class ModelConfig:
         return self.rnn.startswith("rev")
 
     @property
-    def stored_units(self) -> int:
-        """Units of the top encoder layer kept per source position for attention."""
+    def bidirectional(self) -> bool:
+        return self.encoder == "bidirectional"
+
+    @property
+    def directions(self) -> int:
+        """Encoder stacks: 2 for a bidirectional encoder."""
+        return 2 if self.bidirectional else 1
+
+    @property
+    def state_size(self) -> int:
+        """Width of one layer's recurrent state: h (GRUs), or h and c (LSTMs)."""
+        return 2 * self.hidden_size if self.rnn.endswith("lstm") else self.hidden_size
+
+    @property
+    def stored_per_direction(self) -> int:
+        """Units of one encoder direction's top layer kept per source position for attention."""
         if self.attention == "hidden":
             return self.hidden_size
         return self.slice_dim if self.attention in ("slice", "emb+slice") else 0
+
+    @property
+    def stored_units(self) -> int:
+        """Encoder units kept per source position for attention, both directions'."""
+        return self.directions * self.stored_per_direction
 
     @property
     def memory_dim(self) -> int:
@@ -57,6 +82,14 @@ class ModelConfig:
             raise ValueError(f"unknown --rnn {self.rnn!r}; choose one of {', '.join(RNN_TYPES)}")
         if self.attention not in ATTENTION_TYPES:
             raise ValueError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTION_TYPES)}")
+        if self.encoder not in ENCODER_TYPES:
+            raise ValueError(f"unknown --encoder {self.encoder!r}; choose one of {', '.join(ENCODER_TYPES)}")
+        if self.tie_embeddings and self.emb_dim != self.hidden_size:
+            raise ValueError(f"--tie-embeddings shares the target embeddings with the output layer, whose inputs have "
+                             f"--hidden-size units: --emb-dim must equal it, got {self.emb_dim} and {self.hidden_size}")
+        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(f"--share-embeddings needs one vocabulary for both languages (--joint-vocab), got "
+                             f"{self.src_vocab} source and {self.tgt_vocab} target tokens")
         if self.max_forget_bits not in MAX_FORGET_CHOICES:
             raise ValueError(f"--max-forget-bits must be one of 1, 2, 3, 5 or none, got {self.max_forget_bits!r}")
         for name in ("emb_dim", "hidden_size", "layers", "buffer_lanes", "decoder_chunk_steps"):

@@ -31,6 +31,9 @@ class EmbeddedTokens:
             grad = grad * self.dropout
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        weight.grad.index_add_(0, self.ids[start: start + len(grad)].reshape(-1), grad.reshape(-1, grad.shape[-1]))
+        ids, rows = self.ids[start: start + len(grad)].reshape(-1), grad.reshape(-1, grad.shape[-1])
         if self.embedding.padding_idx is not None:
-            weight.grad[self.embedding.padding_idx] = 0  # as nn.Embedding: the PAD row never learns
+            # as nn.Embedding: PAD's lookups add nothing (the row's gradient may have other sources, as the
+            # output layer's when the embeddings are tied to it)
+            rows = rows * (ids != self.embedding.padding_idx)[:, None]
+        weight.grad.index_add_(0, ids, rows)

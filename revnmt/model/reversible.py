@@ -22,13 +22,43 @@ from __future__ import annotations
 
 import torch
 
-from buffers import to_float
+from buffers import straight_through, to_fixed, to_float
 from revnmt.data.vocab import PAD
-from revnmt.rnn import ReversibleRNN, Tape
+from revnmt.rnn import BidirectionalReversibleRNN, BidirectionalTape, ReversibleRNN, Tape
 
+from .bridge import Bridge
 from .config import ModelConfig
 from .embeddings import EmbeddedTokens
 from .seq2seq import DropoutMasks, Seq2Seq, StepResult, nbytes
+
+EncoderTape = Tape | BidirectionalTape
+
+
+class DecoderStart:
+    """The decoder's initial int states from the encoder's final ones, and the way back for their gradient.
+
+    Without a bridge (a unidirectional encoder) they are the encoder's final states themselves. With one,
+    the bridge runs on float leaves of both directions' final states, its output is rounded to fixed point
+    for the decoder, and :meth:`backward` takes the gradient of the decoder's initial states (what its
+    backward sweep returns) through the bridge, straight through the rounding, to the encoder's final states.
+    """
+
+    def __init__(self, bridge: Bridge | None, tape: EncoderTape) -> None:
+        if bridge is None:
+            self.states, self._leaves, self._start = tape.states, None, None
+            return
+        # with its graph where grad mode is on (training), for backward
+        self._leaves = [[to_float(s).requires_grad_() for s in direction.states] for direction in tape.directions]
+        self._start = bridge(*self._leaves)
+        self.states = [to_fixed(s.detach()) for s in self._start]
+
+    def backward(self, grad: list[torch.Tensor]) -> list | tuple[list, list]:
+        """The gradient of the encoder's final states from that of the decoder's initial states."""
+        if self._start is None:
+            return grad
+        torch.autograd.backward(self._start, grad)
+        forward, backward = ([leaf.grad for leaf in leaves] for leaves in self._leaves)
+        return forward, backward
 
 
 class ReversibleSeq2Seq(Seq2Seq):
@@ -37,15 +67,17 @@ class ReversibleSeq2Seq(Seq2Seq):
     Decoder states are lists of int32 states, one per layer, [N, state size] each.
     """
 
-    encoder: ReversibleRNN
+    encoder: ReversibleRNN | BidirectionalReversibleRNN
     decoder: ReversibleRNN
 
-    def make_rnns(self, cfg: ModelConfig) -> tuple[ReversibleRNN, ReversibleRNN]:
+    def make_rnns(self, cfg: ModelConfig) -> tuple[ReversibleRNN | BidirectionalReversibleRNN, ReversibleRNN]:
         def make(slice_dim: int, **chunk) -> ReversibleRNN:
             return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
                                  cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend, **chunk)
         # only the encoder stores units of its top layer for attention
-        return make(cfg.stored_units), make(0, chunk_steps=cfg.decoder_chunk_steps)
+        k = cfg.stored_per_direction
+        encoder = BidirectionalReversibleRNN(make(k), make(k)) if cfg.bidirectional else make(k)
+        return encoder, make(0, chunk_steps=cfg.decoder_chunk_steps)
 
     def draw_rnn_dropout(self, batch: int, device: torch.device) -> tuple[list, list]:
         return self.encoder.draw_dropout(batch, device), self.decoder.draw_dropout(batch, device)
@@ -58,14 +90,14 @@ class ReversibleSeq2Seq(Seq2Seq):
         ``normalizer`` into ``.grad``; return the summed loss and the bytes held outside autograd."""
         masks = self.draw_masks(src.shape[0], src.device)
         src, tgt_in, tgt_out = src.t(), tgt_in.t(), tgt_out.t()
-        enc_in, dec_in, enc_tape, dec_tape = self.forward_sweeps(src, tgt_in, tgt_out, masks)
+        enc_in, dec_in, enc_tape, dec_tape, start = self.forward_sweeps(src, tgt_in, tgt_out, masks)
 
         stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
         memory = self.build_memory(src, masks, stored)
         memory_leaf = memory.detach().requires_grad_()
         pad_mask = (src == PAD).t()
         total = torch.zeros((), device=src.device)
-        held = self._held_bytes(src.shape[1], enc_tape, dec_tape, memory)  # while the buffers are full
+        held = self._held_bytes(src.shape[1], enc_tape, dec_tape, stored, memory)  # while the buffers are full
 
         def output_grads(steps: slice, outs: torch.Tensor) -> torch.Tensor:
             nonlocal total
@@ -76,32 +108,33 @@ class ReversibleSeq2Seq(Seq2Seq):
             total = total + loss.detach()  # stays on the device: no sync per chunk
             return query.grad
 
-        enc_final_grad = self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads)
+        enc_final_grad = start.backward(self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads))
         memory.backward(memory_leaf.grad)
         self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
                                     slice_grad=None if stored is None else stored.grad)
         return StepResult(total, held)
 
-    def forward_sweeps(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                       masks: DropoutMasks) -> tuple[EmbeddedTokens, EmbeddedTokens, Tape, Tape]:
-        """Encoder and decoder forward sweeps (time-major ids): returns the recomputable inputs and
-        the tapes, i.e. everything kept for the backward sweeps."""
+    def forward_sweeps(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, masks: DropoutMasks
+                       ) -> tuple[EmbeddedTokens, EmbeddedTokens, EncoderTape, Tape, DecoderStart]:
+        """Encoder and decoder forward sweeps (time-major ids): returns the recomputable inputs, the
+        tapes and the decoder's start, i.e. everything kept for the backward sweeps."""
         enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
         dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
         enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder)
-        dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=enc_tape.states, dropout=masks.decoder)
-        return enc_in, dec_in, enc_tape, dec_tape
+        start = DecoderStart(self.bridge, enc_tape)
+        dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=start.states, dropout=masks.decoder)
+        return enc_in, dec_in, enc_tape, dec_tape, start
 
-    def _held_bytes(self, batch: int, enc_tape: Tape, dec_tape: Tape, memory: torch.Tensor) -> int:
-        """Held outside autograd's saved tensors during the backward sweeps: the buffers, the stored
-        slices (int and float), the gradient of the attention memory and one sweep's working set (a
+    def _held_bytes(self, batch: int, enc_tape: EncoderTape, dec_tape: Tape, stored: torch.Tensor | None,
+                    memory: torch.Tensor) -> int:
+        """Held outside autograd's saved tensors during the backward sweeps: the tapes (buffers and int
+        slices), the float slices, the gradient of the attention memory and one sweep's working set (a
         chunk of input projections and of the decoder's states and outputs with their gradients, one
         reverse step's temporaries, the logit block of a chunk's loss). The memory itself, and what
         the chunk's attention saves, are autograd's and counted there."""
         rows, device = batch * self.decoder.chunk_steps, memory.device
         decoder = self.decoder.work_bytes(batch, device, outputs=True) + rows * self.cfg.hidden_size * 4  # + grads
-        return (sum(t.buffer.reserved_bits() // 8 for t in (enc_tape, dec_tape))
-                + 2 * nbytes(enc_tape.slices) + nbytes(memory)
+        return (enc_tape.held_bytes() + dec_tape.held_bytes() + nbytes(stored) + nbytes(memory)
                 + max(self.encoder.work_bytes(batch, device), decoder + self.logit_work_bytes(rows)))
 
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
@@ -109,6 +142,10 @@ class ReversibleSeq2Seq(Seq2Seq):
         """The same fixed-point model as reversal, every graph kept (the reference and validation)."""
         x_src, x_tgt = self.embed(src, tgt_in, masks)
         _, enc_f, slices, enc_i = self.encoder.forward_autograd(x_src, src != PAD, dropout=masks.encoder)
+        if self.bridge is not None:  # rounded to fixed point, differentiated straight through the rounding
+            start = self.bridge(*enc_f)
+            enc_i = [to_fixed(s.detach()) for s in start]
+            enc_f = [straight_through(to_float(i), s) for i, s in zip(enc_i, start)]
         dec_out, *_ = self.decoder.forward_autograd(x_tgt, tgt_out != PAD, initial=enc_i,
                                                     initial_float=enc_f, dropout=masks.decoder)
         return dec_out, self.build_memory(src, masks, slices)
@@ -119,7 +156,7 @@ class ReversibleSeq2Seq(Seq2Seq):
         # Without the buffer (nothing will be reversed): a sentence's encoding then does not
         # depend on its batch mates, which share a buffer's lanes in training.
         tape = self.encoder.forward_sweep(EmbeddedTokens(self.src_emb, src, None), src != PAD, reversible=False)
-        return None if tape.slices is None else to_float(tape.slices), tape.states
+        return None if tape.slices is None else to_float(tape.slices), DecoderStart(self.bridge, tape).states
 
     def decoder_step(self, state: list[torch.Tensor], prev: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         state = self.decoder.step(self.tgt_emb(prev), state)

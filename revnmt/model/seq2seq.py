@@ -32,6 +32,7 @@ from torch import nn
 from revnmt.data.vocab import BOS, PAD
 
 from .attention import GeneralAttention
+from .bridge import Bridge
 from .config import ModelConfig
 from .loss import linear_cross_entropy, logit_work_bytes
 
@@ -103,10 +104,14 @@ class Seq2Seq(nn.Module, ABC):
         # The order of construction is the order of the parameters: it fixes the state_dict's keys'
         # order and which random numbers initialise which weight.
         self.src_emb = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=PAD)
-        self.tgt_emb = nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=PAD)
+        self.tgt_emb = (self.src_emb if cfg.share_embeddings
+                        else nn.Embedding(cfg.tgt_vocab, cfg.emb_dim, padding_idx=PAD))
         self.encoder, self.decoder = self.make_rnns(cfg)
         self.attention = GeneralAttention(cfg.hidden_size, cfg.memory_dim)
         self.generator = nn.Linear(cfg.hidden_size, cfg.tgt_vocab)
+        if cfg.tie_embeddings:  # one matrix: a token's embedding is also its output weights (Press & Wolf 2017)
+            self.generator.weight = self.tgt_emb.weight
+        self.bridge = Bridge(cfg.state_size, cfg.layers) if cfg.bidirectional else None
         for p in self.parameters():  # the paper's initialisation, U(±0.1) everywhere
             nn.init.uniform_(p, -0.1, 0.1)
         with torch.no_grad():

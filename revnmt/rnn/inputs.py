@@ -46,6 +46,24 @@ class TensorInput:
         self.grad[start: start + len(grad)].add_(grad)
 
 
+class ReversedInput:
+    """The steps of a :class:`SequenceInput` in reverse order: what the backward direction of a bidirectional
+    encoder reads (its step t is the input's step T − 1 − t). Nothing is copied but the chunks asked for."""
+
+    def __init__(self, inputs: SequenceInput) -> None:
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def steps(self, start: int, stop: int) -> torch.Tensor:
+        steps = len(self.inputs)
+        return self.inputs.steps(steps - stop, steps - start).flip(0)
+
+    def backward(self, start: int, grad: torch.Tensor) -> None:
+        self.inputs.backward(len(self.inputs) - start - len(grad), grad.flip(0))
+
+
 def project_steps(cell: RevCell, x: torch.Tensor, steps: int) -> torch.Tensor:
     """``cell.project`` of a whole [T, B, I] input, one product per chunk of the fixed grid
     (steps [c·steps, (c+1)·steps)), as :class:`InputProjection` computes it."""

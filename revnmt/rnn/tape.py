@@ -31,6 +31,11 @@ class Tape:
         else:
             self.guard.check()
 
+    def held_bytes(self) -> int:
+        """Bytes the tape holds for the backward sweep: the buffer's reserved words and the int slices."""
+        slices = 0 if self.slices is None else self.slices.numel() * self.slices.element_size()
+        return self.buffer.reserved_bits() // 8 + slices
+
     def stored_bits(self) -> dict[str, float]:
         """Analytic bits this tape holds for backward: buffer words and stored slices."""
         slice_bits = 0 if self.slices is None else 32 * self.slices.numel()

@@ -29,20 +29,22 @@ def _batch(batch=6, src_len=9, tgt_len=8, seed=0):
 
 
 @pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
-def test_analytic_bits_follow_the_definitions(rnn):
+@pytest.mark.parametrize("directions", [1, 2])
+def test_analytic_bits_follow_the_definitions(rnn, directions):
     torch.manual_seed(0)
     cfg = ModelConfig(rnn=rnn, emb_dim=16, hidden_size=20, attention="emb+slice", slice_dim=4, src_vocab=40,
-                      tgt_vocab=40, buffer_lanes=5)
+                      tgt_vocab=40, buffer_lanes=5, encoder="bidirectional" if directions == 2 else "unidirectional")
     model = build_model(cfg)
     batch = _batch()
     sides = analytic_bits(model, [batch])
     per_unit = 2 if rnn == "revlstm" else 1
-    assert sides["encoder"].baseline_bits == 32 * 9 * 6 * 20 * per_unit
+    # an ordinary bidirectional encoder keeps both directions' states
+    assert sides["encoder"].baseline_bits == 32 * 9 * 6 * 20 * per_unit * directions
     assert sides["decoder"].baseline_bits == 32 * 8 * 6 * 20 * per_unit
-    slice_bits = 32 * 9 * 6 * 4
+    slice_bits = 32 * 9 * 6 * 4 * directions
     enc = sides["encoder"]
-    # actual = buffer words (>= one 64-bit word per lane) + overflow log + stored slices
-    assert enc.actual_bits >= slice_bits + 64 * 6 * 5
+    # actual = buffer words (>= one 64-bit word per lane, per direction) + overflow log + stored slices
+    assert enc.actual_bits >= slice_bits + 64 * 6 * 5 * directions
     assert slice_bits < enc.optimal_bits < enc.actual_bits
     assert sides["decoder"].optimal_bits < sides["decoder"].actual_bits < sides["decoder"].baseline_bits
 

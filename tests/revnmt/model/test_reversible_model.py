@@ -15,10 +15,23 @@ toy = Toy()
 @pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
 @pytest.mark.parametrize("attention", ["hidden", "emb", "slice", "emb+slice"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_reversal_matches_backprop_for_the_whole_model(rnn, attention, layers, device):
+@pytest.mark.parametrize("encoder", ["unidirectional", "bidirectional"])
+def test_reversal_matches_backprop_for_the_whole_model(rnn, attention, layers, encoder, device):
     # On CUDA this is the whole training step on the GPU: the Triton buffer kernels, cuBLAS products,
-    # and the exactness guard of both sweeps.
-    _assert_grads_match(toy.model(rnn, attention, layers).to(device), [t.to(device) for t in toy.batch()])
+    # and the exactness guard of both sweeps (of all three stacks, with a bidirectional encoder).
+    model = toy.model(rnn, attention, layers, encoder=encoder).to(device)
+    _assert_grads_match(model, [t.to(device) for t in toy.batch()])
+
+
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
+def test_reversal_matches_backprop_with_tied_and_shared_embeddings(rnn):
+    # One matrix gets the gradients of the encoder's and decoder's lookups and of the output layer; PAD's
+    # lookups add nothing to it, as nn.Embedding's, while its output weights learn.
+    tied = Toy(src_vocab=25, tgt_vocab=25)
+    model = tied.model(rnn, "emb+slice", encoder="bidirectional", hidden_size=8, tie_embeddings=True,
+                       share_embeddings=True)
+    assert model.generator.weight is model.tgt_emb.weight is model.src_emb.weight
+    _assert_grads_match(model, tied.batch())
 
 
 def _assert_grads_match(model, batch):
@@ -40,7 +53,7 @@ def test_reversal_matches_backprop_with_the_triton_kernels(rnn):
     pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("CUDA runs the real kernels: the test above")
-    _assert_grads_match(toy.model(rnn, "hidden", 1, buffer_backend="triton"), toy.batch())
+    _assert_grads_match(toy.model(rnn, "hidden", 1, buffer_backend="triton", encoder="bidirectional"), toy.batch())
 
 
 @pytest.mark.parametrize("chunk_steps", [1, 3, 7])

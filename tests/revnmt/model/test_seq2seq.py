@@ -73,17 +73,65 @@ def test_align_follows_the_decoding_and_points_into_each_source():
     (dict(rnn="rnn"), "unknown --rnn"),
     (dict(max_forget_bits=4), "max-forget-bits"),
     (dict(dropout=1.5), "dropout"),
+    (dict(encoder="both"), "unknown --encoder"),
+    (dict(tie_embeddings=True), "emb-dim must equal"),
+    (dict(share_embeddings=True), "one vocabulary"),
 ])
 def test_bad_options_give_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         toy.model(**kwargs)
 
 
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm", "gru", "lstm"])
+def test_a_bidirectional_model_round_trips_and_decodes(rnn, tmp_path):
+    model = toy.model(rnn, "emb+slice", layers=2, encoder="bidirectional").eval()
+    assert model.cfg.memory_dim == 8 + 2 * 3  # the embeddings and both directions' slices
+    assert {key.split(".")[0] for key in model.state_dict()} >= {"encoder", "bridge"}
+    save_checkpoint(tmp_path / "best.pt", {"model_config": model.cfg.to_dict(), "model": model.state_dict()})
+    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt")).eval()
+    src, src_len, tgt_in, tgt_out = toy.batch()
+    assert torch.equal(loaded.loss(src, src_len, tgt_in, tgt_out), model.loss(src, src_len, tgt_in, tgt_out))
+    enc = model.encode(src, src_len)
+    assert enc.memory.shape == (4, src.shape[1], 14)
+    logp, state = model.decode_step(enc, enc.state, torch.full((4,), BOS))
+    assert logp.shape == (4, toy.tgt_vocab)
+    model.reorder_state(state, torch.tensor([0, 0, 1, 3]))
+
+
+def test_the_bridge_starts_the_decoder_from_both_directions():
+    # The decoder's initial state is tanh(W [forward; backward] + b) of the encoder's final states, per layer;
+    # for an LSTM of both families, of the whole [h | c] state.
+    for rnn in ("revlstm", "lstm"):
+        model = toy.model(rnn, "hidden", encoder="bidirectional").eval()
+        assert model.bridge.layers[0].in_features == 2 * 2 * 12 and model.bridge.layers[0].out_features == 2 * 12
+        src, src_len, *_ = toy.batch()
+        with torch.no_grad():
+            model.bridge.layers[0].weight.zero_()
+            model.bridge.layers[0].bias.fill_(0.25)
+        state = model.encode(src, src_len).state
+        h = state[0] if rnn == "revlstm" else torch.cat([state[0][0], state[1][0]], -1)
+        values = h.float() / (1 << 23) if rnn == "revlstm" else h
+        torch.testing.assert_close(values, torch.full_like(values, float(torch.tanh(torch.tensor(0.25)))))
+
+
+def test_tied_and_shared_embeddings_are_one_matrix_after_loading(tmp_path):
+    joint = Toy(src_vocab=25, tgt_vocab=25)
+    model = joint.model("gru", "hidden", hidden_size=8, tie_embeddings=True, share_embeddings=True)
+    assert model.generator.weight is model.tgt_emb.weight is model.src_emb.weight
+    save_checkpoint(tmp_path / "best.pt", {"model_config": model.cfg.to_dict(), "model": model.state_dict()})
+    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt"))
+    assert loaded.generator.weight is loaded.tgt_emb.weight is loaded.src_emb.weight
+    assert torch.equal(loaded.generator.weight, model.generator.weight)
+    untied = joint.model("gru", "hidden", hidden_size=8)
+    assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in model.parameters()) == 2 * 25 * 8
+
+
+@pytest.mark.parametrize("encoder", ["unidirectional", "bidirectional"])
 @pytest.mark.parametrize("rnn", ["revgru", "revlstm", "gru"])
-def test_encoding_a_sentence_does_not_depend_on_its_batch_mates(rnn):
+def test_encoding_a_sentence_does_not_depend_on_its_batch_mates(rnn, encoder):
     # Translation should not change with the batch a sentence comes in: the reversible encoder runs
     # without the (shared) buffer at inference. Same lengths, so the products have the same shapes.
-    model = toy.model(rnn).eval()
+    model = toy.model(rnn, encoder=encoder).eval()
     src, src_len, _, _ = toy.batch()
     other = src.clone()
     other[1:] = torch.where(src[1:] == PAD, PAD, (src[1:] + 1 - 4) % (toy.src_vocab - 4) + 4)

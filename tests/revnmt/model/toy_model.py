@@ -20,8 +20,8 @@ class Toy:
 
     def config(self, rnn: str = "revgru", attention: str = "emb+slice", layers: int = 1, dropout: float = 0.3,
                **options) -> ModelConfig:
-        options = dict(slice_dim=3, buffer_lanes=4) | options
-        return ModelConfig(rnn=rnn, emb_dim=8, hidden_size=12, layers=layers, dropout=dropout, attention=attention,
+        options = dict(slice_dim=3, buffer_lanes=4, hidden_size=12) | options
+        return ModelConfig(rnn=rnn, emb_dim=8, layers=layers, dropout=dropout, attention=attention,
                            src_vocab=self.src_vocab, tgt_vocab=self.tgt_vocab, **options)
 
     def model(self, *args, **kwargs) -> Seq2Seq:
