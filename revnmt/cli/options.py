@@ -139,6 +139,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--share-embeddings", action="store_true",
                        help="one embedding matrix for source and target (needs --subword with --joint-vocab)")
     model.add_argument("--dropout", type=float, default=defaults.dropout, help="locked dropout probability")
+    model.add_argument("--label-smoothing", type=float, default=defaults.label_smoothing, metavar="EPS",
+                       help="train against a target distribution of 1 - EPS on the reference token and EPS spread "
+                       "evenly over the target vocabulary (losses and perplexities are still reported unsmoothed). "
+                       "0.1 is the usual value; 0 is plain cross-entropy")
     model.add_argument("--checkpoint-steps", type=_checkpoint_steps, metavar="{K,auto}",
                        help="ordinary RNNs (gru, lstm): gradient checkpointing, keeping the state every K steps for "
                        "backward and recomputing the steps between (auto: K = ceil(sqrt(T)) per batch); default: none")
@@ -160,8 +164,8 @@ def model_config(args: argparse.Namespace, src_vocab: int, tgt_vocab: int) -> Mo
                        dropout=args.dropout, attention=args.attention, slice_dim=args.slice_dim,
                        max_forget_bits=args.max_forget_bits, buffer_lanes=args.buffer_lanes,
                        buffer_backend=args.buffer_backend, checkpoint_steps=args.checkpoint_steps,
-                       decoder_chunk_steps=args.decoder_chunk_steps, encoder=args.encoder,
-                       tie_embeddings=args.tie_embeddings, share_embeddings=args.share_embeddings,
+                       decoder_chunk_steps=args.decoder_chunk_steps, label_smoothing=args.label_smoothing,
+                       encoder=args.encoder, tie_embeddings=args.tie_embeddings, share_embeddings=args.share_embeddings,
                        src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate()
 
 

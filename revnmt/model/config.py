@@ -26,6 +26,9 @@ class ModelConfig:
     tie_embeddings: bool = False  # the output layer's weights are the target embeddings (needs emb_dim == hidden_size)
     share_embeddings: bool = False  # source and target embeddings are one matrix (needs a joint vocabulary)
     dropout: float = 0.4
+    # The training loss's target: (1 − ε)·one-hot + ε/V uniform over the target vocabulary (0: plain
+    # cross-entropy). Reported losses are the unsmoothed negative log-likelihood.
+    label_smoothing: float = 0.0
     attention: str = "emb+slice"
     slice_dim: int = 20
     max_forget_bits: int | None = 3
@@ -113,6 +116,8 @@ class ModelConfig:
                                  f"got {self.checkpoint_steps!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.src_vocab < 5 or self.tgt_vocab < 5:
             raise ValueError("vocabularies must be set (at least the 4 specials and one token)")
         return self

@@ -7,12 +7,18 @@ forward pass keeps only the log-sum-exp per row; the backward pass recomputes ea
 turns them into softmax − one-hot in place, and multiplies out the gradients. Peak extra memory is
 one [rows, chunk] block; the price is computing the output layer's logits twice.
 
+Label smoothing fits the same scheme: its extra term needs only each row's sum of logits, accumulated
+chunk by chunk in the forward pass, and its gradient is a constant taken off the recomputed block in
+place. The unsmoothed negative log-likelihood is returned beside the smoothed loss, for reporting.
+
 The chunk narrows as the rows grow (:func:`vocab_chunk`), so that the block stays about as large as
 64 rows' full-width chunk: many rows (several decoder steps of a large batch) would otherwise make it
 a cost per sentence that a memory budget feels.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -26,51 +32,74 @@ def vocab_chunk(rows: int) -> int:
     return min(VOCAB_CHUNK, max(MIN_VOCAB_CHUNK, LOGIT_BLOCK // max(rows, 1)))
 
 
+class LossSums(NamedTuple):
+    """What :func:`linear_cross_entropy` returns: sums over the rows that are not ignored."""
+
+    objective: torch.Tensor  # the loss trained on (label-smoothed if asked), differentiable
+    nll: torch.Tensor  # the unsmoothed negative log-likelihood, for reporting (no gradient)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, ignore_index):
-        rows = hidden.shape[0]
+    def forward(ctx, hidden, weight, bias, target, ignore_index, label_smoothing):
+        rows, vocab = hidden.shape[0], weight.shape[0]
         chunk = vocab_chunk(rows)
         lse = torch.full((rows,), float("-inf"), device=hidden.device, dtype=hidden.dtype)
-        for start in range(0, weight.shape[0], chunk):
+        logit_sum = torch.zeros((rows,), device=hidden.device, dtype=hidden.dtype)
+        for start in range(0, vocab, chunk):
             logits = torch.addmm(bias[start:start + chunk], hidden, weight[start:start + chunk].t())
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+            if label_smoothing:
+                logit_sum += logits.sum(1)
         keep = target != ignore_index
         safe = torch.where(keep, target, 0)
         target_logit = (hidden * weight[safe]).sum(1) + bias[safe]
+        nll = ((lse - target_logit) * keep).sum()
+        # ε × the cross-entropy against the uniform distribution, lse − the mean logit
+        smoothing = label_smoothing * ((lse - logit_sum / vocab) * keep).sum() if label_smoothing else 0.0
         ctx.save_for_backward(hidden, weight, bias, safe, keep, lse)
-        return ((lse - target_logit) * keep).sum()
+        ctx.label_smoothing = label_smoothing
+        ctx.mark_non_differentiable(nll)
+        # a tensor of its own even at ε = 0: the objective has a gradient, nll none
+        return (1 - label_smoothing) * nll + smoothing, nll
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_nll):
         hidden, weight, bias, safe, keep, lse = ctx.saved_tensors
+        eps, vocab = ctx.label_smoothing, weight.shape[0]
         scale = (grad_out * keep).to(hidden.dtype)[:, None]  # ignored rows contribute nothing
         grad_hidden = torch.zeros_like(hidden)
         grad_weight = torch.empty_like(weight)
         grad_bias = torch.empty_like(bias)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         chunk = vocab_chunk(hidden.shape[0])
-        for start in range(0, weight.shape[0], chunk):
+        for start in range(0, vocab, chunk):
             w = weight[start:start + chunk]
-            # softmax − one-hot, built in place in the recomputed logits
+            # softmax − (1 − ε)·one-hot − ε/V, built in place in the recomputed logits
             p = torch.addmm(bias[start:start + chunk], hidden, w.t()).sub_(lse[:, None]).exp_()
+            if eps:
+                p.sub_(eps / vocab)
             inside = (safe >= start) & (safe < start + w.shape[0])
-            p[rows[inside], safe[inside] - start] -= 1
+            p[rows[inside], safe[inside] - start] -= 1 - eps
             p.mul_(scale)
             grad_hidden.addmm_(p, w)
             grad_weight[start:start + chunk] = p.t() @ hidden
             grad_bias[start:start + chunk] = p.sum(0)
-        return grad_hidden, grad_weight, grad_bias, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
-                         ignore_index: int) -> torch.Tensor:
+                         ignore_index: int, label_smoothing: float = 0.0) -> LossSums:
     """Σ over rows of cross-entropy(hidden @ weightᵀ + bias, target), rows with ``ignore_index`` skipped.
 
-    Equal to ``F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum")`` in value
-    and gradients (up to float rounding), without a [rows, V] tensor in the forward pass.
+    ``objective`` is PyTorch's label-smoothed cross-entropy: the target distribution is
+    (1 − ε)·one-hot + ε/V uniform over the whole vocabulary V (ε = ``label_smoothing``), and it equals
+    ``F.cross_entropy(F.linear(hidden, weight, bias), target, ignore_index=ignore_index,
+    label_smoothing=ε, reduction="sum")`` in value and gradients (up to float rounding); ε = 0 is plain
+    cross-entropy. ``nll`` is the unsmoothed sum (ε = 0), without gradient. Neither pass holds a
+    [rows, V] tensor: see :func:`logit_work_bytes`.
     """
-    return _LinearCrossEntropy.apply(hidden, weight, bias, target, ignore_index)
+    return LossSums(*_LinearCrossEntropy.apply(hidden, weight, bias, target, ignore_index, label_smoothing))
 
 
 def logit_work_bytes(rows: int, vocab: int, element_size: int = 4) -> int:

@@ -104,8 +104,8 @@ class ReversibleSeq2Seq(Seq2Seq):
             with torch.enable_grad():
                 query = outs.detach().requires_grad_()
                 loss = self.step_loss(query.transpose(0, 1), memory_leaf, pad_mask, masks, tgt_out[steps].t())
-                (loss / normalizer).backward()
-            total = total + loss.detach()  # stays on the device: no sync per chunk
+                (loss.objective / normalizer).backward()
+            total = total + loss.nll  # stays on the device: no sync per chunk
             return query.grad
 
         enc_final_grad = start.backward(self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads))

@@ -34,7 +34,7 @@ from revnmt.data.vocab import BOS, PAD
 from .attention import GeneralAttention
 from .bridge import Bridge
 from .config import ModelConfig
-from .loss import linear_cross_entropy, logit_work_bytes
+from .loss import LossSums, linear_cross_entropy, logit_work_bytes
 
 LOSS_CHUNK_STEPS = 8  # decoder steps whose logits exist at once in training by autograd and validation
 
@@ -72,7 +72,9 @@ class StepResult:
     measures, and not to be added to them.
     """
 
-    loss: torch.Tensor  # summed cross-entropy of the batch (device scalar, not divided by the normalizer)
+    # summed negative log-likelihood of the batch, unsmoothed even when the step trains a label-smoothed loss
+    # (device scalar, not divided by the normalizer)
+    loss: torch.Tensor
     held_bytes: int
 
 
@@ -133,7 +135,8 @@ class Seq2Seq(nn.Module, ABC):
     def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                    normalizer: float) -> StepResult:
         """Compute the loss of a batch and accumulate the gradients of loss / ``normalizer`` into
-        ``.grad``, the family's way; return the summed loss and what the step held."""
+        ``.grad``, the family's way (the loss label-smoothed by ``cfg.label_smoothing``); return the
+        summed unsmoothed loss and what the step held."""
 
     @abstractmethod
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
@@ -185,12 +188,14 @@ class Seq2Seq(nn.Module, ABC):
         return torch.cat(parts, dim=-1).transpose(0, 1)
 
     def step_loss(self, out: torch.Tensor, memory: torch.Tensor, pad_mask: torch.Tensor, masks: DropoutMasks,
-                  target: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of decoder outputs ([B, H] or [B, t, H]) against ``target``."""
+                  target: torch.Tensor) -> LossSums:
+        """Summed cross-entropy of decoder outputs ([B, H] or [B, t, H]) against ``target``: the training
+        objective (label-smoothed by ``cfg.label_smoothing``) and the unsmoothed negative log-likelihood."""
         query = out if masks.out is None else out * (masks.out if out.dim() == 2 else masks.out[:, None])
         attended = self.attention(query, memory, pad_mask)
         return linear_cross_entropy(attended.reshape(-1, attended.shape[-1]), self.generator.weight,
-                                    self.generator.bias, target.reshape(-1), ignore_index=PAD)
+                                    self.generator.bias, target.reshape(-1), ignore_index=PAD,
+                                    label_smoothing=self.cfg.label_smoothing)
 
     def logit_work_bytes(self, rows: int) -> int:
         """The block of logits the loss's backward works on over ``rows`` rows, which autograd does not save."""
@@ -211,8 +216,8 @@ class Seq2Seq(nn.Module, ABC):
         for chunk in _chunks(dec_out.shape[0]):
             loss = self.step_loss(out_leaf[chunk].transpose(0, 1), memory_leaf, pad_mask, masks,
                                   tgt_out[chunk].t())
-            (loss / normalizer).backward()
-            total = total + loss.detach()
+            (loss.objective / normalizer).backward()
+            total = total + loss.nll
         torch.autograd.backward([dec_out, memory], [out_leaf.grad, memory_leaf.grad])
         return StepResult(total, held)
 
@@ -230,11 +235,12 @@ class Seq2Seq(nn.Module, ABC):
     @torch.no_grad()
     def loss(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor,
              tgt_out: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of a batch, no gradients (validation), a few steps' logits at a time."""
+        """Summed negative log-likelihood of a batch, never label-smoothed, no gradients (validation), a few
+        steps' logits at a time."""
         masks = self.draw_masks(src.shape[0], src.device)
         dec_out, memory = self.forward_graph(src.t(), src_len, tgt_in.t(), tgt_out.t(), masks)
         pad_mask = src == PAD
-        return sum(self.step_loss(dec_out[c].transpose(0, 1), memory, pad_mask, masks, tgt_out[:, c])
+        return sum(self.step_loss(dec_out[c].transpose(0, 1), memory, pad_mask, masks, tgt_out[:, c]).nll
                    for c in _chunks(dec_out.shape[0]))
 
     # ------------------------------------------------------------------ inference

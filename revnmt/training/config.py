@@ -22,7 +22,7 @@ DEFAULT_LR = {"adam": 1e-3, "sgd": 1.0}
 RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "train_limit", "subword", "vocab_size",
                 "joint_vocab", "spm_model", "batch_size", "batch_tokens", "memory_budget", "seed", "rnn", "attention",
                 "slice_dim", "max_forget_bits", "emb_dim", "hidden_size", "layers", "dropout", "buffer_lanes",
-                "optimizer", "encoder", "tie_embeddings", "share_embeddings")
+                "label_smoothing", "optimizer", "encoder", "tie_embeddings", "share_embeddings")
 # Options a resumed run may change: applied from the resumed step on, and logged.
 CHANGEABLE_ON_RESUME = ("lr", "clip", "lr_decay", "lr_patience", "min_lr", "epochs", "max_steps", "patience",
                         "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks")

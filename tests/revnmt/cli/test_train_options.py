@@ -16,6 +16,8 @@ REQUIRED = ["--save-dir", "runs/x"]
     (["--slice-dim", "200"], "--slice-dim must be in [1, hidden_size/2 = 150]"),
     (["--max-forget-bits", "4"], "--max-forget-bits must be one of 1, 2, 3, 5 or none"),
     (["--dropout", "1.0"], "--dropout must be in [0, 1)"),
+    (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1), got 1.0"),
+    (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
     (["--emb-dim", "0"], "emb_dim must be positive"),
     (["--train", "data/train"], "--train and --valid go together"),
     (["--data", "multi30k", "--train", "a", "--valid", "b"], "not both"),
@@ -66,6 +68,7 @@ def test_defaults_depend_on_data_and_optimizer():
     assert parse_args([*REQUIRED, "--no-lowercase"]).data.lowercase is False
     assert parse_args([*REQUIRED, "--rnn", "lstm", "--checkpoint-steps", "auto"]).model.checkpoint_steps == "auto"
     assert parse_args([*REQUIRED, "--rnn", "gru", "--checkpoint-steps", "8"]).model.checkpoint_steps == 8
+    assert parse_args(REQUIRED).model.label_smoothing == 0.0
 
 
 def test_subword_defaults_a_joint_vocabulary_of_8000_pieces():
@@ -107,3 +110,18 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default():
         del saved[key]
     assert parse_args(REQUIRED).changes_from(saved) == []
     assert parse_args([*REQUIRED, "--subword", "bpe"]).changes_from(saved) == ["--subword none -> bpe"]
+
+
+def test_label_smoothing_reaches_the_model_and_fixes_the_run():
+    config = parse_args([*REQUIRED, "--label-smoothing", "0.1"])
+    assert config.model.label_smoothing == 0.1 and config.options()["label_smoothing"] == 0.1
+    assert RunConfig.from_checkpoint({"args": config.options(), "model_config": config.model.to_dict()}) == config
+    # a model option: resuming with another value is refused, like --dropout
+    assert parse_args(REQUIRED).changes_from(config.options()) == ["--label-smoothing 0.1 -> 0.0"]
+    # checkpoints from before the option trained plain cross-entropy
+    saved = parse_args(REQUIRED)
+    args, model_config = saved.options(), saved.model.to_dict()
+    del args["label_smoothing"], model_config["label_smoothing"]
+    assert saved.changes_from(args) == []
+    assert config.changes_from(args) == ["--label-smoothing 0.0 -> 0.1"]
+    assert RunConfig.from_checkpoint({"args": args, "model_config": model_config}) == saved

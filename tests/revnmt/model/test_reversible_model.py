@@ -62,9 +62,24 @@ def test_decoder_chunks_of_any_size_match_backprop(chunk_steps):
     _assert_grads_match(toy.model("revlstm", "emb+slice", 2, decoder_chunk_steps=chunk_steps), toy.batch())
 
 
-def test_a_step_returns_its_loss_and_the_bytes_it_held():
-    model, batch = toy.model("revgru", "emb+slice", dropout=0.0), toy.batch()
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
+def test_label_smoothed_reversal_matches_backprop(rnn):
+    # the smoothed loss runs inside the decoder's reverse sweep; its gradients are those of
+    # train_step_autograd, whose loss is checked against F.cross_entropy in test_ordinary_model.py
+    model, batch = toy.model(rnn, "emb+slice", 2, label_smoothing=0.1), toy.batch()
+    _assert_grads_match(model, batch)
+    smoothed = toy.grads(model, model.train_step, batch)
+    plain_model = toy.model(rnn, "emb+slice", 2)
+    plain = toy.grads(plain_model, plain_model.train_step, batch)
+    assert torch.equal(smoothed[0], plain[0])  # the same reported loss
+    assert not torch.allclose(smoothed[1]["generator.bias"], plain[1]["generator.bias"])
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_a_step_returns_its_loss_and_the_bytes_it_held(label_smoothing):
+    model, batch = toy.model("revgru", "emb+slice", dropout=0.0, label_smoothing=label_smoothing), toy.batch()
     result = model.train_step(*batch, normalizer=1.0)
+    # the unsmoothed loss, as validation's, whatever the step trained on
     assert isinstance(result, StepResult) and torch.allclose(result.loss, model.loss(*batch), rtol=1e-6)
     # at least the stored slices (int and float) and the gradient of the attention memory
     src = batch[0]

@@ -43,6 +43,15 @@ def test_a_checkpoint_state_round_trips(rnn, tmp_path):
     assert torch.equal(loaded.loss(src, src_len, tgt_in, tgt_out), model.loss(src, src_len, tgt_in, tgt_out))
 
 
+def test_a_checkpoint_from_before_label_smoothing_loads_without_it(tmp_path):
+    model = toy.model("revgru", "emb+slice").eval()
+    config = model.cfg.to_dict()
+    del config["label_smoothing"]
+    save_checkpoint(tmp_path / "best.pt", {"model_config": config, "model": model.state_dict()})
+    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt"))
+    assert loaded.cfg.label_smoothing == 0.0 and loaded.cfg == model.cfg
+
+
 def test_decode_step_shapes_and_beam_reorder():
     for rnn in ("revgru", "lstm"):
         model = toy.model(rnn, "emb+slice" if rnn.startswith("rev") else "hidden").eval()
@@ -76,6 +85,8 @@ def test_align_follows_the_decoding_and_points_into_each_source():
     (dict(encoder="both"), "unknown --encoder"),
     (dict(tie_embeddings=True), "emb-dim must equal"),
     (dict(share_embeddings=True), "one vocabulary"),
+    (dict(label_smoothing=1.0), r"--label-smoothing must be in \[0, 1\), got 1.0"),
+    (dict(label_smoothing=-0.1), "--label-smoothing must be in"),
 ])
 def test_bad_options_give_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

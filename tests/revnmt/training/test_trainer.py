@@ -109,11 +109,11 @@ def test_data_errors_are_one_line_messages(train, tmp_path, capsys):
 
 
 def test_resuming_with_other_options_is_refused(train, tmp_path, capsys):
-    assert train(tmp_path / "run", "--max-steps", "1") == 0
+    assert train(tmp_path / "run", "--max-steps", "1", "--label-smoothing", "0.1") == 0
     capsys.readouterr()
     assert train(tmp_path / "run", "--max-steps", "2", "--batch-size", "16", "--hidden-size", "32") == 2
     err = capsys.readouterr().err
-    assert "--batch-size 32 -> 16" in err and "--hidden-size 16 -> 32" in err
+    assert "--batch-size 32 -> 16" in err and "--hidden-size 16 -> 32" in err and "--label-smoothing 0.1 -> 0.0" in err
 
 
 def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, tmp_path):
