@@ -19,6 +19,8 @@ REQUIRED = ["--save-dir", "runs/x"]
     (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1), got 1.0"),
     (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
     (["--emb-dim", "0"], "emb_dim must be positive"),
+    (["--encoder", "both"], "invalid choice: 'both'"),
+    (["--tie-embeddings", "--emb-dim", "256"], "--emb-dim must equal it, got 256 and 300"),
     (["--train", "data/train"], "--train and --valid go together"),
     (["--data", "multi30k", "--train", "a", "--valid", "b"], "not both"),
     (["--batch-size", "0"], "must be a positive integer"),
@@ -125,3 +127,15 @@ def test_label_smoothing_reaches_the_model_and_fixes_the_run():
     assert saved.changes_from(args) == []
     assert config.changes_from(args) == ["--label-smoothing 0.0 -> 0.1"]
     assert RunConfig.from_checkpoint({"args": args, "model_config": model_config}) == saved
+
+
+def test_encoder_and_embedding_options_reach_the_model_and_fix_the_run():
+    options = ["--encoder", "bidirectional", "--tie-embeddings", "--share-embeddings"]
+    config = parse_args([*REQUIRED, *options])
+    assert config.model.bidirectional and config.model.tie_embeddings and config.model.share_embeddings
+    assert RunConfig.from_checkpoint({"args": config.options(), "model_config": config.model.to_dict()}) == config
+    assert parse_args(REQUIRED).changes_from(config.options()) == [
+        "--encoder bidirectional -> unidirectional", "--tie-embeddings True -> False", "--share-embeddings True -> False"]
+    saved = parse_args(REQUIRED)  # a checkpoint from before the options: one direction, nothing tied
+    args = {k: v for k, v in saved.options().items() if k not in ("encoder", "tie_embeddings", "share_embeddings")}
+    assert saved.changes_from(args) == []
