@@ -37,6 +37,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def share(text: str) -> float:
     """argparse type: a fraction in [0, 1]."""
     value = float(text)
