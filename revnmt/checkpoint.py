@@ -1,9 +1,11 @@
-"""Checkpoints that are never half-written, and the RNG state needed to resume a run exactly."""
+"""Checkpoints that are never half-written, the files a run keeps them in, and the RNG state needed to
+resume a run exactly."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from revnmt.atomic import atomic_file
 # What a training run writes into its checkpoint directory.
 BEST_CHECKPOINT = "best.pt"
 LAST_CHECKPOINT = "last.pt"
+# With --keep-checkpoints, the checkpoints of the latest validations, by step: step-00001200.pt. Zero-padded
+# to 8 digits so that the names sort by step (listed by the number they hold, which goes on past 8 digits).
+_NUMBERED_CHECKPOINT = re.compile(r"step-(\d+)\.pt")
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
@@ -57,6 +62,25 @@ def resolve_checkpoint(path_or_dir: str | os.PathLike[str]) -> Path:
         if (path / name).is_file():
             return path / name
     raise FileNotFoundError(f"no checkpoint in {path}: looked for {BEST_CHECKPOINT} and {LAST_CHECKPOINT}")
+
+
+def numbered_checkpoint_name(step: int) -> str:
+    """The name of the checkpoint a run keeps of its validation at ``step``."""
+    return f"step-{step:08d}.pt"
+
+
+def numbered_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """A run directory's numbered checkpoints, oldest (lowest step) first."""
+    found = [(int(match.group(1)), path) for path in Path(run_dir).iterdir()
+             if (match := _NUMBERED_CHECKPOINT.fullmatch(path.name)) and path.is_file()]
+    return [path for _, path in sorted(found)]
+
+
+def prune_numbered_checkpoints(run_dir: str | os.PathLike[str], keep: int) -> None:
+    """Delete all but the ``keep`` newest numbered checkpoints of a run directory."""
+    old = numbered_checkpoints(run_dir)
+    for path in old[: max(len(old) - keep, 0)]:
+        path.unlink(missing_ok=True)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Greedy and beam search over a ``Seq2Seq`` model, batched over sentences.
+"""Greedy and beam search over a ``Seq2Seq`` model (or an ensemble), batched over sentences.
 
 Both return, for every source row, the output ids without BOS and EOS. A sentence may produce at
 most ``output_limits`` tokens: 2 × its source length + 10 (capped at ``MAX_OUTPUT_LEN``) unless a
@@ -6,20 +6,36 @@ fixed ``max_len`` is given. Limits are per sentence, so an output never depends 
 sentences share its batch. Sentences that are finished leave the batch, so long outliers do not
 keep the whole batch decoding.
 
-Beam search ranks finished hypotheses by ``score / length**alpha``, ``score`` being the summed
-log-probability and ``length`` the number of predicted tokens (EOS included). ``alpha = 1`` (the
-default) compares mean log-probabilities per token; ``alpha = 0`` is unnormalized. During the
-search the live hypotheses are ranked by their raw scores, as in fairseq.
+Beam search ranks finished hypotheses by ``score / lp(length)``, ``score`` being the summed
+log-probability and ``length`` the number of predicted tokens (EOS included), with a
+:class:`~revnmt.length_penalty.LengthPenalty` (default: the mean log-probability per token). During
+the search the live hypotheses are ranked by their raw scores, as in fairseq.
+
+The model is anything with the decoding interface of :class:`Decoder`: a :class:`~revnmt.model.Seq2Seq`
+or an :class:`~revnmt.ensemble.Ensemble` of them.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.model import Encoded, Seq2Seq
+from revnmt.length_penalty import AVERAGE, LengthPenalty
+from revnmt.model import Encoded
 
 MAX_OUTPUT_LEN = 250  # the cap of the default per-sentence limit
+
+
+class Decoder(Protocol):
+    """What search needs of a model (see :class:`~revnmt.model.Seq2Seq` for each method)."""
+
+    def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> Encoded: ...
+
+    def decode_step(self, enc: Encoded, state, prev: torch.Tensor) -> tuple[torch.Tensor, object]: ...
+
+    def reorder_state(self, state, index: torch.Tensor) -> object: ...
 
 
 def output_limits(src_len: torch.Tensor, max_len: int | None = None) -> list[int]:
@@ -31,13 +47,13 @@ def output_limits(src_len: torch.Tensor, max_len: int | None = None) -> list[int
     return [min(2 * n + 10, MAX_OUTPUT_LEN) for n in src_len.tolist()]
 
 
-def _select(model: Seq2Seq, enc: Encoded, state, rows: torch.Tensor) -> tuple[Encoded, object]:
+def _select(model: Decoder, enc: Encoded, state, rows: torch.Tensor) -> tuple[Encoded, object]:
     """Rows ``rows`` of the attention memory and of the decoder state."""
     selected = Encoded(enc.memory.index_select(0, rows), enc.pad_mask.index_select(0, rows), None)
     return selected, model.reorder_state(state, rows)
 
 
-def _next_log_probs(model: Seq2Seq, enc: Encoded, state, prev: torch.Tensor):
+def _next_log_probs(model: Decoder, enc: Encoded, state, prev: torch.Tensor):
     """One decoder step; PAD and BOS are never predicted (training never targets them)."""
     log_probs, state = model.decode_step(enc, state, prev)
     log_probs[:, PAD] = log_probs[:, BOS] = float("-inf")
@@ -45,7 +61,7 @@ def _next_log_probs(model: Seq2Seq, enc: Encoded, state, prev: torch.Tensor):
 
 
 @torch.no_grad()
-def greedy(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: int | None = None) -> list[list[int]]:
+def greedy(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, max_len: int | None = None) -> list[list[int]]:
     """Most probable next token at every step, for batch-major source ids ``src`` [B, S]."""
     limits = output_limits(src_len, max_len)
     enc = model.encode(src, src_len)
@@ -72,9 +88,9 @@ def greedy(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, max_len: in
 
 
 @torch.no_grad()
-def beam_search(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, beam: int, max_len: int | None = None,
-                alpha: float = 1.0) -> list[list[int]]:
-    """The best of ``beam`` hypotheses per sentence, by length-normalized score (module docstring).
+def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: int, max_len: int | None = None,
+                length_penalty: LengthPenalty = AVERAGE) -> list[list[int]]:
+    """The best of ``beam`` hypotheses per sentence, by score normalized with ``length_penalty``.
 
     Each step takes the 2·beam best extensions of a sentence's live hypotheses: those ending in EOS
     among the first ``beam`` are finished, the first ``beam`` others stay live. A sentence is done
@@ -116,12 +132,12 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_len: torch.Tensor, beam: 
         for i, (sentence, ranked_i, (live_scores, rows, tokens)) in enumerate(zip(alive, ranked, live_hyps)):
             for score, row, token in zip(*ranked_i):
                 if token == EOS and score > float("-inf"):
-                    finished[sentence].append((score / t**alpha, history[row]))
+                    finished[sentence].append((length_penalty.normalize(score, t), history[row]))
             extended = [history[row] + [token] for row, token in zip(rows, tokens)]
             new_history += extended
             if t == limits[sentence]:
-                finished[sentence] += [(score / t**alpha, ids) for score, ids in zip(live_scores, extended)
-                                       if score > float("-inf")]
+                finished[sentence] += [(length_penalty.normalize(score, t), ids)
+                                       for score, ids in zip(live_scores, extended) if score > float("-inf")]
             elif len(finished[sentence]) < beam:
                 keep.append(i)
         history = new_history

@@ -1,5 +1,5 @@
 """Raw text in, raw text out: tokenization (Moses words or SentencePiece pieces), vocabularies, batched search
-and detokenization."""
+(with one model or an ensemble) and detokenization."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ import torch
 from tqdm import tqdm
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
+from revnmt.compatibility import text_differences
 from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Vocabulary, sorted_batches
+from revnmt.ensemble import Ensemble
+from revnmt.length_penalty import AVERAGE, LengthPenalty
 from revnmt.model import Seq2Seq, model_from_checkpoint_state
 from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
 from revnmt.search import beam_search, greedy
@@ -27,9 +30,9 @@ _MAX_REPORTED_LINES = 5  # line numbers a truncation warning lists before it onl
 
 
 class Translator:
-    """Translates raw sentences with a model, its vocabularies and its data options."""
+    """Translates raw sentences with a model (or an ensemble), its vocabularies and its data options."""
 
-    def __init__(self, model: Seq2Seq, src_vocab: Vocabulary, tgt_vocab: Vocabulary, data: DataOptions,
+    def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocabulary, tgt_vocab: Vocabulary, data: DataOptions,
                  max_input_len: int | None = None) -> None:
         """``max_input_len`` (tokens, or pieces for a subword model; default: the data's ``max_len``, else
         100) truncates longer inputs."""
@@ -43,14 +46,29 @@ class Translator:
                         max_input_len: int | None = None) -> Translator:
         """Rebuild model, vocabularies and tokenizers (SentencePiece models included: the checkpoint holds
         them) from a checkpoint file or a run directory (its ``best.pt``, else ``last.pt``)."""
-        path = resolve_checkpoint(path_or_dir)
-        state = load_checkpoint(path, map_location="cpu")
-        model = model_from_checkpoint_state(state)
-        vocabs = [Vocabulary(state[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
-        data = DataOptions.from_dict(state["data"], str(path))
-        step = state.get("trainer", {}).get("step")
-        logger.info("loaded %s%s", path, "" if step is None else f" (step {step})")
-        return cls(model.to(device).eval(), *vocabs, data, max_input_len)
+        return cls.from_checkpoints([path_or_dir], device, max_input_len)
+
+    @classmethod
+    def from_checkpoints(cls, paths_or_dirs: Sequence[str | os.PathLike[str]], device: str | torch.device = "cpu",
+                         max_input_len: int | None = None) -> Translator:
+        """:meth:`from_checkpoint` for one checkpoint; for several, a translator decoding with their
+        :class:`Ensemble`. Its members must share vocabularies and tokenization (ValueError naming the
+        files otherwise); the first one's data options apply (its input length limit included)."""
+        if not paths_or_dirs:
+            raise ValueError("no checkpoint given")
+        models, paths, text = [], [], {}  # text: the first checkpoint's vocabularies and data options
+        for path_or_dir in paths_or_dirs:
+            paths.append(resolve_checkpoint(path_or_dir))
+            state = load_checkpoint(paths[-1], map_location="cpu")
+            if not text:
+                text = {key: state[key] for key in ("src_vocab", "tgt_vocab", "data")}
+            elif differences := text_differences(text, state):
+                raise ValueError(f"cannot ensemble {paths[0]} and {paths[-1]}: {'; '.join(differences)}")
+            models.append(model_from_checkpoint_state(state).to(device).eval())
+            logger.info("loaded %s%s", paths[-1], _provenance(state))
+        vocabs = [Vocabulary(text[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        return cls(model, *vocabs, DataOptions.from_dict(text["data"], str(paths[0])), max_input_len)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""
@@ -73,25 +91,28 @@ class Translator:
         return tokenized
 
     def translate(self, lines: Sequence[str], beam: int = 5, batch_size: int = 32, progress: bool = False,
-                  replace_unk: bool = False) -> list[str]:
+                  replace_unk: bool = False, length_penalty: LengthPenalty = AVERAGE) -> list[str]:
         """One detokenized translation per line, in input order (lines without tokens give "").
 
         With ``replace_unk`` every ``<unk>`` of an output becomes the source word the attention weighed
         most when it was predicted (OpenNMT's ``-replace_unk``, which the paper's BLEU used): names and
-        numbers outside the target vocabulary come through. Word models only (:meth:`check_replace_unk`)."""
+        numbers outside the target vocabulary come through; an ensemble follows its first model's
+        attention. Word models only (:meth:`check_replace_unk`). ``length_penalty`` ranks beam search's
+        finished translations (:mod:`revnmt.length_penalty`)."""
         self.check_replace_unk(replace_unk)
         source_words = self._source_tokens(lines)
         outputs = [""] * len(lines)
         with tqdm(total=len(lines), desc="translating", unit="sent", disable=not progress, leave=False) as bar:
             for batch in sorted_batches([len(words) for words in source_words], batch_size):
-                translated = self._translate_batch([source_words[i] for i in batch], beam, replace_unk)
+                translated = self._translate_batch([source_words[i] for i in batch], beam, replace_unk,
+                                                   length_penalty)
                 for i, output in zip(batch, translated):
                     outputs[i] = output
                 bar.update(len(batch))
         return outputs
 
     def translate_stream(self, lines: Iterable[str], beam: int = 5, batch_size: int = 32,
-                         replace_unk: bool = False) -> Iterator[str]:
+                         replace_unk: bool = False, length_penalty: LengthPenalty = AVERAGE) -> Iterator[str]:
         """:meth:`translate` for lines that arrive one by one (a pipe, a user typing): each translation
         is yielded once its batch is done, in input order.
 
@@ -108,7 +129,8 @@ class Translator:
         self.check_replace_unk(replace_unk)
         done = 0
         for batch in _ready_batches(lines, batch_size):
-            yield from self._translate_batch(self._source_tokens(batch, first_number=done + 1), beam, replace_unk)
+            yield from self._translate_batch(self._source_tokens(batch, first_number=done + 1), beam, replace_unk,
+                                             length_penalty)
             done += len(batch)
 
     def check_replace_unk(self, replace_unk: bool = True) -> None:
@@ -119,7 +141,8 @@ class Translator:
             raise ValueError("--replace-unk is for word vocabularies: this model uses SentencePiece subwords, "
                              "which spell rare words in pieces and leave no <unk> to replace")
 
-    def _translate_batch(self, source_words: list[list[str]], beam: int, replace_unk: bool) -> list[str]:
+    def _translate_batch(self, source_words: list[list[str]], beam: int, replace_unk: bool,
+                         length_penalty: LengthPenalty) -> list[str]:
         """Detokenized translations of one batch of tokenized sources ("" for those without tokens)."""
         todo = [i for i, words in enumerate(source_words) if words]  # an encoder cannot run on no tokens
         outputs = [""] * len(source_words)
@@ -133,7 +156,7 @@ class Translator:
             if beam == 1:
                 hyps = greedy(self.model, src, src_len)
             else:
-                hyps = beam_search(self.model, src, src_len, beam)
+                hyps = beam_search(self.model, src, src_len, beam, length_penalty=length_penalty)
             hyp_words = [self.tgt_vocab.decode(ids) for ids in hyps]
             if replace_unk:
                 self._replace_unknown(src, src_len, hyps, hyp_words, [source_words[i] for i in todo])
@@ -154,6 +177,16 @@ class Translator:
         for i, positions in zip(rows, self.model.align(src[index], src_len[index], tgt).tolist()):
             outputs[i] = [source_words[i][p] if token == UNK else word
                           for token, word, p in zip(hyps[i], outputs[i], positions)]
+
+
+def _provenance(state: dict) -> str:
+    """What the log says of a loaded checkpoint: its step, or the steps an average was made of."""
+    averaged = state.get("averaged_from")
+    if averaged is not None:
+        steps = ", ".join(str(step) for step in averaged["steps"])
+        return f" (average of {len(averaged['steps'])} checkpoints, steps {steps})"
+    step = state.get("trainer", {}).get("step")
+    return "" if step is None else f" (step {step})"
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

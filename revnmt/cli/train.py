@@ -56,6 +56,7 @@ from .options import (
     data_config,
     default_device,
     device_ids,
+    non_negative_int,
     positive_float,
     positive_int,
     share,
@@ -119,6 +120,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--test-beam", type=positive_int, default=5, help="beam for the test set")
     run.add_argument("--log-every", type=positive_int, default=100, help="steps between log lines")
     run.add_argument("--save-every", type=positive_int, help="also save last.pt every N steps")
+    run.add_argument("--keep-checkpoints", type=non_negative_int, default=0, metavar="N",
+                     help="also keep the checkpoints of the last N validations, as SAVE_DIR/step-<step>.pt (the step "
+                     "zero-padded to 8 digits, so that the names sort), for revnmt-average and ensembles; 0: none")
     run.add_argument("--restart-epoch", action="store_true",
                      help="resume although the training or dev corpora changed: keep the weights, optimizer and "
                      "counters, and train the saved epoch again from its first batch (unchanged corpora resume "
@@ -172,7 +176,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         max_steps=args.max_steps, batch_size=batch_size, batch_tokens=args.batch_tokens,
         memory_budget=args.memory_budget, patience=args.patience, valid_beam=args.valid_beam,
         test_beam=args.test_beam, log_every=args.log_every, save_every=args.save_every, hogwild=args.hogwild,
-        devices=args.devices, restart_epoch=args.restart_epoch, max_reversal_fallbacks=args.max_reversal_fallbacks)
+        devices=args.devices, restart_epoch=args.restart_epoch, max_reversal_fallbacks=args.max_reversal_fallbacks,
+        keep_checkpoints=args.keep_checkpoints)
     return RunConfig(data, model, training)
 
 

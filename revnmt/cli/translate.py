@@ -2,7 +2,9 @@
 output line per input line.
 
     revnmt-translate --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--replace-unk]
+                     [--length-penalty 1.0 [--length-penalty-type average|gnmt]]
                      [--reference test.de [--json scores.json]]
+    revnmt-translate --checkpoint runs/a runs/b runs/c ...     # an ensemble
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from collections.abc import Sequence
 
 from revnmt.atomic import check_output, write_output_text
 from revnmt.data import decode_lines, decode_stream, read_lines
+from revnmt.length_penalty import LENGTH_PENALTY_TYPES, LengthPenalty
 from revnmt.translator import Translator, evaluate
 
-from .options import check_device, default_device
+from .options import check_device, default_device, non_negative_float
 
 PROG = "revnmt-translate"
 logger = logging.getLogger("revnmt.translate")
@@ -27,8 +30,10 @@ logger = logging.getLogger("revnmt.translate")
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="checkpoint file, or run directory (its best.pt)")
+    parser.add_argument("--checkpoint", required=True, nargs="+", metavar="PATH",
+                        help="checkpoint file, or run directory (its best.pt); several make an ensemble, which "
+                        "averages the models' log-probabilities at every step (they must share vocabularies and "
+                        "tokenization; --replace-unk follows the first one's attention)")
     parser.add_argument("-i", "--input", metavar="FILE",
                         help="raw source text, one sentence per line (default: stdin; from a pipe or a terminal, "
                         "each batch is translated and written as soon as its lines are in)")
@@ -36,6 +41,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="where translations go (default: stdout): a file is replaced atomically, a device, a FIFO "
                         "or /dev/stdout written in place")
     parser.add_argument("--beam", type=int, default=5, help="beam size, 1 for greedy search (default: %(default)s)")
+    parser.add_argument("--length-penalty", type=non_negative_float, default=1.0, metavar="ALPHA",
+                        help="beam search ranks finished translations by log-probability / lp(length), length "
+                        "counting the end of sentence; 0: unnormalized (favours short translations), larger values "
+                        "favour longer ones; no effect on greedy search (default: %(default)s)")
+    parser.add_argument("--length-penalty-type", choices=LENGTH_PENALTY_TYPES, default="average",
+                        help="lp(length): average = length^ALPHA (with the default ALPHA 1, the mean log-probability "
+                        "per token), gnmt = ((5 + length) / 6)^ALPHA (Wu et al. 2016; ALPHA 0.6 to 1 is usual) "
+                        "(default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
     parser.add_argument("--device", default=default_device(),
                         help="cpu, cuda or cuda:N (default: %(default)s)")
@@ -76,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = read_lines(args.input) if args.input is not None else _whole_stdin()
         references = read_lines(args.reference) if args.reference else None
         # Before stdin is read: a bad checkpoint should not wait for the user's input to fail.
-        translator = Translator.from_checkpoint(args.checkpoint, args.device, args.max_len)
+        translator = Translator.from_checkpoints(args.checkpoint, args.device, args.max_len)
         translator.check_replace_unk(args.replace_unk)
         if lines is not None:
             _check_reference_count(args.reference, references, len(lines))
@@ -91,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             hyps = _stream(args, translator)
         else:
             hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size,
-                                        progress=sys.stderr.isatty(), replace_unk=args.replace_unk)
+                                        progress=sys.stderr.isatty(), replace_unk=args.replace_unk,
+                                        length_penalty=_length_penalty(args))
             if args.output is None:
                 _write_stdout("".join(f"{hyp}\n" for hyp in hyps))
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
@@ -110,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line, file=sys.stderr)
         if args.json:
             result = {"input": args.input, "reference": args.reference, "beam": args.beam,
+                      "length_penalty": args.length_penalty, "length_penalty_type": args.length_penalty_type,
                       "replace_unk": args.replace_unk, **scores.to_dict()}
             try:
                 _write_file(args.json, json.dumps(result, indent=2) + "\n")
@@ -133,11 +148,17 @@ def _stream(args: argparse.Namespace, translator: Translator) -> list[str]:
     stdin = open(sys.stdin.fileno(), "rb", closefd=False)
     hyps = []
     for hyp in translator.translate_stream(decode_stream(stdin, "stdin"), beam=args.beam,
-                                           batch_size=args.batch_size, replace_unk=args.replace_unk):
+                                           batch_size=args.batch_size, replace_unk=args.replace_unk,
+                                           length_penalty=_length_penalty(args)):
         hyps.append(hyp)
         if args.output is None:
             _write_stdout(f"{hyp}\n")
     return hyps
+
+
+def _length_penalty(args: argparse.Namespace) -> LengthPenalty:
+    """The length penalty of ``--length-penalty`` and ``--length-penalty-type``."""
+    return LengthPenalty(args.length_penalty, args.length_penalty_type)
 
 
 class _StdoutError(Exception):

@@ -25,7 +25,8 @@ RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "
                 "label_smoothing", "optimizer", "encoder", "tie_embeddings", "share_embeddings")
 # Options a resumed run may change: applied from the resumed step on, and logged.
 CHANGEABLE_ON_RESUME = ("lr", "clip", "lr_decay", "lr_patience", "min_lr", "epochs", "max_steps", "patience",
-                        "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks")
+                        "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks",
+                        "keep_checkpoints")
 # Everything else concerns where and how one command runs (device, devices, hogwild, buffer_backend, the
 # corpora's paths, whose contents the data fingerprint checks): changed freely, not logged.
 
@@ -54,6 +55,7 @@ class TrainingConfig:
     test_beam: int = 5
     log_every: int = 100
     save_every: int | None = None  # also save last.pt every N steps
+    keep_checkpoints: int = 0  # numbered checkpoints of the latest validations kept (step-<step>.pt)
     hogwild: int | None = None  # worker processes updating shared weights without locks
     restart_epoch: bool = False  # resume on changed corpora: train the current epoch again from its start
     max_reversal_fallbacks: float = 0.01  # share of updates that may be trained by backpropagation, reversal failing

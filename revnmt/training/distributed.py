@@ -191,9 +191,9 @@ class DistributedTrainer(Trainer):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _save(self, best: bool) -> None:
+    def _save(self, best: bool, numbered: bool = False) -> None:
         if self.job.is_main:
-            super()._save(best)
+            super()._save(best, numbered)
 
     def _write_tsv_header(self) -> None:
         if self.job.is_main:

@@ -22,7 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, rng_state, save_checkpoint, set_rng_state
+from revnmt.checkpoint import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    numbered_checkpoint_name,
+    prune_numbered_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
 from revnmt.memory.budget import BudgetGuard, BudgetPlan
 from revnmt.model import Seq2Seq, StepResult
@@ -213,12 +221,19 @@ class Trainer:
                              f"{self.state.epoch}, lies past the epoch's {n_batches} batches: the data or the "
                              f"batching changed since it was saved")
 
-    def _save(self, best: bool) -> None:
+    def _save(self, best: bool, numbered: bool = False) -> None:
+        """Save last.pt, and best.pt too if ``best``. With ``numbered`` (a validation's save) and
+        ``--keep-checkpoints N``, also the step's numbered checkpoint; only once it is written are the
+        numbered ones beyond the newest N deleted."""
         checkpoint = self.checkpoint()
         save_checkpoint(self.save_dir / LAST_CHECKPOINT, checkpoint)
         self.saved_step = self.state.step
         if best:
             save_checkpoint(self.save_dir / BEST_CHECKPOINT, checkpoint)
+        keep = self.config.training.keep_checkpoints
+        if numbered and keep:
+            save_checkpoint(self.save_dir / numbered_checkpoint_name(self.state.step), checkpoint)
+            prune_numbered_checkpoints(self.save_dir, keep)
 
     def elapsed(self) -> float:
         return self._elapsed_before + time.monotonic() - self._session_start
@@ -387,7 +402,7 @@ class Trainer:
                f"{self.elapsed():.0f}")
         with open(self.save_dir / VALID_TSV, "a", encoding="utf-8") as f:
             f.write("\t".join(map(str, row)) + "\n")
-        self._save(best=improved)
+        self._save(best=improved, numbered=True)
 
     def _write_tsv_header(self) -> None:
         (self.save_dir / VALID_TSV).write_text("\t".join(VALID_COLUMNS) + "\n", encoding="utf-8")

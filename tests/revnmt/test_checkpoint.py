@@ -5,7 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from revnmt.checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from revnmt.checkpoint import (
+    load_checkpoint,
+    numbered_checkpoint_name,
+    numbered_checkpoints,
+    prune_numbered_checkpoints,
+    resolve_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
 
 def _draw() -> tuple:
@@ -77,3 +86,21 @@ def test_resolve_checkpoint(tmp_path: Path) -> None:
     assert resolve_checkpoint(tmp_path) == tmp_path / "best.pt"
     (tmp_path / "step100.pt").write_bytes(b"")
     assert resolve_checkpoint(tmp_path / "step100.pt") == tmp_path / "step100.pt"
+
+
+def test_numbered_checkpoints_sort_by_step_and_the_oldest_are_pruned(tmp_path: Path) -> None:
+    assert numbered_checkpoint_name(1200) == "step-00001200.pt"
+    steps = [7, 1200, 70, 123_456_789, 700]
+    for step in steps:
+        (tmp_path / numbered_checkpoint_name(step)).write_bytes(b"")
+    for other in ("best.pt", "last.pt", ".step-00000007.pt.x1.tmp", "step-7.pt.bak", "average.pt"):
+        (tmp_path / other).write_bytes(b"")
+    (tmp_path / "step-00000001.pt").mkdir()
+    names = [numbered_checkpoint_name(step) for step in sorted(steps)]
+    assert [path.name for path in numbered_checkpoints(tmp_path)] == names == sorted(names)
+    prune_numbered_checkpoints(tmp_path, keep=2)
+    assert [path.name for path in numbered_checkpoints(tmp_path)] == names[-2:]
+    others = {"best.pt", "last.pt", ".step-00000007.pt.x1.tmp", "step-7.pt.bak", "average.pt", "step-00000001.pt"}
+    assert {path.name for path in tmp_path.iterdir()} == others | set(names[-2:])
+    prune_numbered_checkpoints(tmp_path, keep=5)
+    assert [path.name for path in numbered_checkpoints(tmp_path)] == names[-2:]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
+from revnmt.length_penalty import LengthPenalty
 from revnmt.model import Encoded, ModelConfig, Seq2Seq, build_model
 from revnmt.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
 
@@ -107,3 +108,23 @@ def test_beam_search_finds_what_greedy_misses():
     assert greedy(model, src, src_len) == [[ScriptedModel.A] * 16]  # 2 * 3 + 10 tokens: the limit
     assert beam_search(model, src, src_len, beam=1) == greedy(model, src, src_len)
     assert beam_search(model, src, src_len, beam=2) == [[ScriptedModel.B]]
+
+
+class ShortOrLong(ScriptedModel):
+    """Two translations: the empty one (just EOS: log 0.55 = -0.598) and "a" (a EOS: log 0.45 + log 0.7 = -1.155).
+    Raw scores prefer the empty one, the mean per token "a" (-0.578), GNMT's milder penalty at alpha 1 the empty
+    one (-1.155 / (7/6) = -0.990), and at alpha 5 "a" (-1.155 / (7/6)**5 = -0.535)."""
+
+    TABLE = {BOS: {EOS: 0.55, ScriptedModel.A: 0.45}, ScriptedModel.A: {EOS: 0.7, ScriptedModel.A: 0.3}}
+
+
+@pytest.mark.parametrize("alpha, kind, expected", [
+    (0.0, "average", []), (0.0, "gnmt", []),
+    (1.0, "average", [ShortOrLong.A]),
+    (1.0, "gnmt", []), (5.0, "gnmt", [ShortOrLong.A]),
+])
+def test_the_length_penalty_decides_between_a_short_and_a_long_translation(alpha, kind, expected):
+    model, src, src_len = ShortOrLong(), torch.tensor([[4, 4, 4]]), torch.tensor([3])
+    assert beam_search(model, src, src_len, beam=2, length_penalty=LengthPenalty(alpha, kind)) == [expected]
+    if (alpha, kind) == (1.0, "average"):  # the default
+        assert beam_search(model, src, src_len, beam=2) == [expected]

@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+import revnmt.translator
 from revnmt.checkpoint import save_checkpoint
 from revnmt.data import EOS, PAD, SubwordTokenizer, Vocabulary, train_subword_model
+from revnmt.length_penalty import LengthPenalty
 from revnmt.model import Encoded, ModelConfig, build_model
 from revnmt.translator import DataOptions, Translator, evaluate
 
@@ -224,3 +226,15 @@ def test_from_checkpoint_rebuilds_a_subword_model_and_refuses_a_corrupt_one(tmp_
     save_checkpoint(tmp_path / "bad.pt", {**state, "data": {**data.to_dict(), "tgt_spm": SUBWORDS[:100]}})
     with pytest.raises(ValueError, match=f"^{tmp_path / 'bad.pt'}: the de SentencePiece model: not a SentencePiece"):
         Translator.from_checkpoint(tmp_path / "bad.pt", "cpu")
+
+
+def test_the_length_penalty_goes_to_beam_search(monkeypatch):
+    used = []
+    search = revnmt.translator.beam_search
+    monkeypatch.setattr(revnmt.translator, "beam_search",
+                        lambda *args, length_penalty: used.append(length_penalty) or search(*args))
+    gnmt = LengthPenalty(0.6, "gnmt")
+    assert _copier().translate(["a man"], beam=2, length_penalty=gnmt) == ["a man"]
+    assert list(_copier().translate_stream(["two dogs"], beam=2, length_penalty=gnmt)) == ["two dogs"]
+    assert _copier().translate(["a man"], beam=2) == ["a man"]
+    assert used == [gnmt, gnmt, LengthPenalty(1.0, "average")]

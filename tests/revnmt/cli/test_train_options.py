@@ -135,7 +135,8 @@ def test_encoder_and_embedding_options_reach_the_model_and_fix_the_run():
     assert config.model.bidirectional and config.model.tie_embeddings and config.model.share_embeddings
     assert RunConfig.from_checkpoint({"args": config.options(), "model_config": config.model.to_dict()}) == config
     assert parse_args(REQUIRED).changes_from(config.options()) == [
-        "--encoder bidirectional -> unidirectional", "--tie-embeddings True -> False", "--share-embeddings True -> False"]
+        "--encoder bidirectional -> unidirectional", "--tie-embeddings True -> False",
+        "--share-embeddings True -> False"]
     saved = parse_args(REQUIRED)  # a checkpoint from before the options: one direction, nothing tied
     args = {k: v for k, v in saved.options().items() if k not in ("encoder", "tie_embeddings", "share_embeddings")}
     assert saved.changes_from(args) == []

@@ -10,22 +10,28 @@ import sys
 import pytest
 
 from revnmt.cli import translate
+from revnmt.length_penalty import LengthPenalty
 
 
 class _Shouting:
-    """Stands in for a trained Translator: a line's translation is the line in capitals."""
+    """Stands in for a trained Translator: a line's translation is the line in capitals. Keeps the checkpoints it
+    was loaded from and the options it was asked to translate with."""
+
+    def __init__(self, checkpoints: list[str] | None = None) -> None:
+        self.checkpoints, self.options = checkpoints, {}
 
     def check_replace_unk(self, replace_unk: bool = True) -> None:
         pass
 
     def translate(self, lines: list[str], **options) -> list[str]:
+        self.options = options
         return [line.upper() for line in lines]
 
 
 @pytest.fixture
 def source(tmp_path, monkeypatch):
     """A file of two sentences to translate, with the stand-in model loaded for any checkpoint."""
-    monkeypatch.setattr(translate.Translator, "from_checkpoint", lambda *args: _Shouting())
+    monkeypatch.setattr(translate.Translator, "from_checkpoints", lambda *args: _Shouting())
     path = tmp_path / "in.en"
     path.write_text("a man\nthe dog\n")
     return path
@@ -95,3 +101,26 @@ def test_an_input_that_cannot_be_read_is_said_so(source, tmp_path, capsys, name,
         (tmp_path / name).write_bytes(data)
     assert translate.main(["--checkpoint", "any", "-i", str(tmp_path / name)]) == 2
     assert message in _one_line_error(capsys)
+
+
+def test_several_checkpoints_and_the_length_penalty_reach_the_translator(source, tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(translate.Translator, "from_checkpoints",
+                        lambda paths, *args: loaded.append(_Shouting(paths)) or loaded[-1])
+    assert translate.main(["--checkpoint", "a.pt", "runs/b", "-i", str(source), "-o", str(tmp_path / "out")]) == 0
+    assert loaded[-1].checkpoints == ["a.pt", "runs/b"]
+    assert loaded[-1].options["length_penalty"] == LengthPenalty(1.0, "average")  # the default: mean per token
+    assert translate.main(["--checkpoint", "a.pt", "-i", str(source), "-o", str(tmp_path / "out"),
+                           "--length-penalty", "0.6", "--length-penalty-type", "gnmt"]) == 0
+    assert loaded[-1].options["length_penalty"] == LengthPenalty(0.6, "gnmt")
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--length-penalty", "-1"], "argument --length-penalty: must be a number >= 0, got -1"),
+    (["--length-penalty-type", "wu"], "argument --length-penalty-type: invalid choice: 'wu'"),
+    (["--checkpoint"], "argument --checkpoint: expected at least one argument"),
+])
+def test_length_penalty_and_checkpoint_mistakes_are_usage_errors(source, capsys, options, message):
+    with pytest.raises(SystemExit) as stop:
+        translate.main(["--checkpoint", "a.pt", "-i", str(source), *options])
+    assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -3,7 +3,7 @@ import logging
 
 import torch
 
-from revnmt.checkpoint import load_checkpoint, save_checkpoint
+from revnmt.checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
@@ -224,3 +224,21 @@ def test_resuming_applies_a_new_learning_rate_and_schedule(train, tmp_path, capl
     assert checkpoint["optimizer"]["param_groups"][0]["lr"] == 0.01
     assert (checkpoint["scheduler"]["factor"], checkpoint["scheduler"]["patience"]) == (0.1, 2)
     assert json.loads((run / "config.json").read_text())["lr_decay"] == 0.1
+
+
+def test_numbered_checkpoints_of_the_last_validations_are_kept_across_resumes(train, tmp_path, caplog):
+    run = tmp_path / "run"
+    assert train(run, "--max-steps", "3", "--keep-checkpoints", "2") == 0  # a validation at the stop
+    assert [path.name for path in numbered_checkpoints(run)] == ["step-00000003.pt"]
+    assert train(run, "--epochs", "2", "--keep-checkpoints", "2") == 0  # validations at steps 7 and 14
+    kept = numbered_checkpoints(run)
+    assert [path.name for path in kept] == ["step-00000007.pt", "step-00000014.pt"]
+    for path, step in zip(kept, (7, 14)):
+        checkpoint = load_checkpoint(path)  # complete: translating and resuming need nothing else
+        assert set(checkpoint) == CHECKPOINT_KEYS and checkpoint["trainer"]["step"] == step
+        assert Translator.from_checkpoint(path).translate(["A man runs ."], beam=2)
+    assert _same_tensors(load_checkpoint(kept[-1])["model"], load_checkpoint(run / "last.pt")["model"])
+    with caplog.at_level(logging.INFO):
+        assert train(run, "--epochs", "3", "--keep-checkpoints", "1") == 0
+    assert "changed on resume: --keep-checkpoints 2 -> 1" in caplog.text
+    assert [path.name for path in numbered_checkpoints(run)] == ["step-00000021.pt"]

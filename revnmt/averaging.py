@@ -1,0 +1,55 @@
+"""Checkpoint averaging (``revnmt-average``): one model whose weights are the element-wise mean of several
+checkpoints' weights, usually the last few of one run (``revnmt-train --keep-checkpoints N``). The mean of
+nearby points of one training trajectory tends to translate a little better than any of them.
+
+The checkpoints must share vocabularies, tokenization and architecture (:mod:`revnmt.compatibility`).
+Floating-point weights are summed in float64 and divided once, so the mean of copies of one checkpoint is
+that checkpoint exactly. Integer and boolean tensors (counters, masks) are not averaged: the last
+checkpoint's are taken.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from revnmt.checkpoint import load_checkpoint
+from revnmt.compatibility import architecture_differences, text_differences
+
+# What a checkpoint holds about a training run's position: it belongs to one checkpoint, not to an average,
+# which is for translating, not for resuming.
+_TRAINING_POSITION = ("optimizer", "scheduler", "rng", "trainer")
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """A checkpoint whose model is the mean of the models of the checkpoint files ``paths``, with the last
+    one's options, vocabularies and tokenization, and ``averaged_from``: each input's name and step.
+
+    Loads one checkpoint at a time. ValueError (naming both files) for checkpoints that cannot be averaged.
+    """
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    first, steps = None, []
+    sums: dict[str, torch.Tensor] = {}
+    for path in paths:
+        state = load_checkpoint(path)
+        if first is None:
+            first = state
+        elif differences := text_differences(first, state) or architecture_differences(first, state):
+            raise ValueError(f"cannot average {paths[0]} and {path}: {'; '.join(differences)}")
+        for key, tensor in state["model"].items():
+            if not tensor.is_floating_point():
+                sums[key] = tensor
+            elif key in sums:
+                sums[key] += tensor
+            else:
+                sums[key] = tensor.double()
+        steps.append(state.get("trainer", {}).get("step"))
+    model = {key: (total / len(paths)).to(state["model"][key].dtype) if total.is_floating_point() else total
+             for key, total in sums.items()}
+    kept = {key: value for key, value in state.items() if key not in _TRAINING_POSITION}
+    return {**kept, "model": model,
+            "averaged_from": {"checkpoints": [os.fspath(path) for path in paths], "steps": steps}}
