@@ -105,8 +105,9 @@ SUBWORD = tuple(Model(f"{m.name}-bpe8k", m.rnn, m.attention, m.bits, BPE_8K) for
 # What users of JoeyNMT, OpenNMT-py and fairseq take for granted, for the reversible and the ordinary models alike,
 # trained until the patience rule stops them (60 epochs is a cap no run is expected to reach), at the default lanes.
 IMPROVED = ("--encoder", "bidirectional", "--tie-embeddings", "--label-smoothing", "0.1")
+# The last 5 validations' checkpoints are kept for averaging (revnmt-average).
 QUALITY = tuple(Model(f"{m.name.removesuffix('-3bit')}-bi-bpe8k", m.rnn, m.attention, m.bits, BPE_8K, IMPROVED,
-                      ("--epochs", "60")) for m in CORE)
+                      ("--epochs", "60", "--keep-checkpoints", "5")) for m in CORE)
 MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD + QUALITY}
 GROUPS = {"core": CORE, "all": CORE + EXTRA, "subword": SUBWORD, "quality": QUALITY}
 TEXT_LABELS = {(): "words", BPE_8K: "BPE 8k"}  # the table's name for what a model reads
