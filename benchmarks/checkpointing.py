@@ -2,6 +2,7 @@
 
     python benchmarks/checkpointing.py                          # T = 14, 50, 200; RevGRU emb+slice, 3 bits
     python benchmarks/checkpointing.py --rnn revlstm --lengths 14 50 200 400 --json FILE
+    python benchmarks/checkpointing.py --layers 2 --hidden-size 600 --emb-dim 600 --slice-dim 60   # IWSLT size
 
 For each length T, one synthetic batch of ``--batch`` sentences of T source and T target tokens trains
 one step on each model that ``revnmt-memory`` compares (the reversible model; the ordinary model with
@@ -60,12 +61,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="sentences per batch")
     parser.add_argument("--hidden-size", type=int, default=300, help="RNN units (the paper's Multi30K setup: 300)")
     parser.add_argument("--emb-dim", type=int, default=300, help="embedding size")
+    parser.add_argument("--layers", type=int, default=1, help="encoder and decoder layers")
+    parser.add_argument("--slice-dim", type=int, default=20, help="stored slice units (the paper's IWSLT setup: 60)")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args()
     cfg = ModelConfig(rnn=args.rnn, attention=args.attention, hidden_size=args.hidden_size, emb_dim=args.emb_dim,
-                      slice_dim=min(20, args.hidden_size // 2), src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB).validate()
-    print(f"{args.rnn} {args.attention}, {args.batch} sentences of T tokens a side; per target token, bytes autograd "
-          f"saves + bytes held outside autograd:")
+                      layers=args.layers, slice_dim=args.slice_dim, src_vocab=SRC_VOCAB,
+                      tgt_vocab=TGT_VOCAB).validate()
+    print(f"{args.rnn} {args.attention}, {args.layers} layer(s) of {args.hidden_size} units, {args.batch} sentences of "
+          f"T tokens a side; per target token, bytes autograd saves + bytes held outside autograd:")
     print("| T | best K | " + " | ".join(LABELS.values()) + " |")
     print("|---:|---:|" + "---:|" * len(LABELS))
     rows = measure(cfg, args.lengths, args.batch)
