@@ -21,9 +21,19 @@ model of 8,000 pieces trained on the training corpus (``--subword bpe --vocab-si
 lowercased like the word models, so that both BLEUs compare with theirs and the paper's. They have no
 ``--replace-unk`` score: subwords leave no ``<unk>`` to replace.
 
+The ``quality`` models (``*-bi-bpe8k``) keep the checkpoints of their last 5 validations
+(``--keep-checkpoints 5``), and are decoded three more ways after training: ``revnmt-average RUN --last 5``
+averages those checkpoints (average.pt); the length penalty is tuned on the dev set, the averaged model
+translating it at beam 5 with each penalty of a small grid (dev-length-penalty/), the one of best dev
+sacreBLEU chosen (length-penalty.json); test2016 is scored with that penalty from best.pt (test-best-lp.json)
+and from average.pt (test-average.json). Once every reversible ``quality`` run has its average.pt, their
+ensemble is tuned on the dev set in the same way and scored on test2016 (RUNS/ensemble-reversible/ and
+RUNS/ensemble-reversible.json).
+
 Running the command again resumes unfinished runs (training resumes exactly) and skips finished
-ones, so a long CPU campaign can be stopped and continued. The table goes to stdout,
-RUNS/results.md and RUNS/results.json; runs still training appear with their progress so far.
+steps (each is done once its output file exists), so a long CPU campaign can be stopped and continued.
+The table goes to stdout, RUNS/results.md and RUNS/results.json; runs still training appear with their
+progress so far.
 ``--speed N`` times N training batches of every model, the models taking turns, with the same threads
 (speed.json), so that the tokens/s column compares like with like; the runs' own averages depend on
 what else shared the machine. ``--results DIR`` also copies the table and each run's small files (logs,
@@ -40,17 +50,20 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from machine import cpu_name
 
-from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from revnmt.atomic import atomic_write_text
+from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, load_checkpoint
 from revnmt.cli.options import byte_size
 from revnmt.cli.train import parse_args as train_config
 from revnmt.data import Batch, BatchSampler, language_file, load_data, make_batch, multi30k_prefix
+from revnmt.length_penalty import LengthPenalty
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import build_model
 from revnmt.training.schedule import build_optimizer
@@ -73,6 +86,9 @@ class Model:
     # how long and with which lanes a full run trains (--quick replaces it): the first campaign's runs were 30 epochs
     # at most, when 16 buffer lanes were the default; they are pinned so that its runs resume exactly
     training: tuple[str, ...] = ("--epochs", "30", "--buffer-lanes", "16")
+    # --keep-checkpoints N (--quick included): the last N validations' checkpoints are kept, averaged after training
+    # and decoded with a length penalty tuned on the dev set; 0: none
+    keep_checkpoints: int = 0
 
     @property
     def reversible(self) -> bool:
@@ -107,21 +123,32 @@ SUBWORD = tuple(Model(f"{m.name}-bpe8k", m.rnn, m.attention, m.bits, BPE_8K) for
 IMPROVED = ("--encoder", "bidirectional", "--tie-embeddings", "--label-smoothing", "0.1")
 # The last 5 validations' checkpoints are kept for averaging (revnmt-average).
 QUALITY = tuple(Model(f"{m.name.removesuffix('-3bit')}-bi-bpe8k", m.rnn, m.attention, m.bits, BPE_8K, IMPROVED,
-                      ("--epochs", "60", "--keep-checkpoints", "5")) for m in CORE)
+                      ("--epochs", "60"), keep_checkpoints=5) for m in CORE)
+ENSEMBLE = "ensemble-reversible"  # the reversible quality models' averaged checkpoints, decoded together
 MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD + QUALITY}
 GROUPS = {"core": CORE, "all": CORE + EXTRA, "subword": SUBWORD, "quality": QUALITY}
 TEXT_LABELS = {(): "words", BPE_8K: "BPE 8k"}  # the table's name for what a model reads
 
 # Lanes change only the lowest bits of the states; the memory reports measure the trained models at the default.
+# The length penalties tried on the dev set: revnmt's default (average, alpha 1) and its neighbours, and GNMT's usual
+# range; each is a decode of the 1,014 dev sentences at beam 5.
 FULL = {"train": ["--save-every", "200"], "test_beam": 5,
-        "memory_batches": 20, "budget": "2GiB"}
-# A pipeline check, not a result: 64-unit models on 1,000 pairs for 2 epochs, greedy test decoding.
+        "memory_batches": 20, "budget": "2GiB",
+        "length_penalties": (LengthPenalty(0.0), LengthPenalty(0.5), LengthPenalty(1.0), LengthPenalty(1.5),
+                             LengthPenalty(0.6, "gnmt"), LengthPenalty(1.0, "gnmt"))}
+# A pipeline check, not a result: 64-unit models on 1,000 pairs for 2 epochs, greedy test decoding (which no length
+# penalty changes: two are tried all the same, so that the choice among several is made).
 QUICK = {"train": ["--epochs", "2", "--train-limit", "1000", "--emb-dim", "64", "--hidden-size", "64"], "test_beam": 1,
-         "memory_batches": 2, "budget": "1GiB"}
+         "memory_batches": 2, "budget": "1GiB", "length_penalties": (LengthPenalty(1.0), LengthPenalty(1.0, "gnmt"))}
 REPLACE_UNK_JSON = "test-replace-unk.json"
+AVERAGE_CHECKPOINT = "average.pt"
+DEV_GRID_DIR = "dev-length-penalty"  # one dev decode per length penalty tried: <type>-<alpha>.json and .hyp
+LENGTH_PENALTY_JSON = "length-penalty.json"  # the dev scores of every penalty tried, and the one chosen
+TEST_BEST_LP_JSON = "test-best-lp.json"  # test2016 from best.pt with the chosen penalty
+TEST_AVERAGE_JSON = "test-average.json"  # test2016 from average.pt with the chosen penalty
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="core",
                         help="'core' (the four word-level models), 'all' (every word-level model), 'subword' (the "
@@ -140,7 +167,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--results", type=Path, help="also copy the table and the runs' logs and reports here")
     parser.add_argument("--speed", type=int, default=0, metavar="N",
                         help="time N training batches of each model side by side (after 5 warm-up batches)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = [m.name for m in GROUPS[args.models]] if args.models in GROUPS else args.models.split(",")
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -157,10 +184,29 @@ def parse_args() -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------- running
 
+@dataclass(frozen=True)
+class Step:
+    """One step of a run, done once ``output`` exists (a rerun skips it): a ``command`` run as a child process, or
+    an ``action``, instant work done in this process that writes ``output`` and returns the line to show."""
+    output: Path
+    command: list[str] | None = None
+    action: Callable[[], str] | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What :func:`run_all` runs, ``--jobs`` at a time: a model's run or the ensemble. ``steps`` lists what it
+    still needs from the files ``directory`` holds now."""
+    name: str
+    directory: Path  # where its console.log goes, and the train.log its progress is read from
+    steps: Callable[[], list[Step]]
+
+
 def train_options(args: argparse.Namespace, model: Model) -> list[str]:
     data = ["--data-dir", args.data_dir] if args.data_dir else []
     length = () if args.quick else model.training
-    return ["--data", "multi30k", *data, *model.options(), *length, *args.setup["train"], "--test-beam",
+    keep = ["--keep-checkpoints", str(model.keep_checkpoints)] if model.keep_checkpoints else []
+    return ["--data", "multi30k", *data, *model.options(), *length, *keep, *args.setup["train"], "--test-beam",
             str(args.setup["test_beam"]), "--device", args.device, "--save-dir", str(args.runs / model.name)]
 
 
@@ -176,68 +222,189 @@ def memory_command(args: argparse.Namespace, model: Model) -> list[str]:
             "--json", str(run / "memory.json")]
 
 
+def translate_command(args: argparse.Namespace, checkpoints: Sequence[Path], split: str, scores: Path,
+                      *options: str) -> list[str]:
+    """revnmt-translate of the Multi30K ``split`` ("valid" or "test") at the setup's test beam with ``options``,
+    scored against its German side into ``scores`` (JSON), the translations beside it (.hyp). A run directory
+    stands for its best.pt; several checkpoints make an ensemble."""
+    prefix = multi30k_prefix(split, args.data_dir)
+    return [sys.executable, "-m", "revnmt.cli.translate", "--checkpoint", *map(str, checkpoints),
+            "-i", str(language_file(prefix, "en")), "-o", str(scores.with_suffix(".hyp")),
+            "--beam", str(args.setup["test_beam"]), *options, "--reference", str(language_file(prefix, "de")),
+            "--json", str(scores), "--device", args.device]
+
+
 def replace_unk_command(args: argparse.Namespace, model: Model) -> list[str]:
     """test2016 scored as the paper scored it, with ``<unk>`` replaced by the attended source word."""
-    run, test = args.runs / model.name, multi30k_prefix("test", args.data_dir)
-    return [sys.executable, "-m", "revnmt.cli.translate", "--checkpoint", str(run),
-            "-i", str(language_file(test, "en")), "-o", str(run / "test.replace-unk.hyp"),
-            "--beam", str(args.setup["test_beam"]), "--replace-unk", "--reference", str(language_file(test, "de")),
-            "--json", str(run / REPLACE_UNK_JSON), "--device", args.device]
-
-
-def pending_steps(args: argparse.Namespace, model: Model) -> list[list[str]]:
-    """The commands ``model`` still needs: training (until test.json exists), the test scores with
-    ``--replace-unk`` (word models), then the memory report."""
     run = args.runs / model.name
-    steps = [] if (run / "test.json").is_file() else [train_command(args, model)]
+    return translate_command(args, [run], "test", run / REPLACE_UNK_JSON, "--replace-unk")
+
+
+def average_command(args: argparse.Namespace, model: Model) -> list[str]:
+    """revnmt-average of the checkpoints ``model``'s run kept (its last validations') into average.pt."""
+    run = args.runs / model.name
+    # --quick trains 2 epochs, fewer than the checkpoints a full run keeps: it averages the ones it has.
+    last = [] if args.quick else ["--last", str(model.keep_checkpoints)]
+    return [sys.executable, "-m", "revnmt.cli.average", str(run), *last, "-o", str(run / AVERAGE_CHECKPOINT)]
+
+
+def penalty_options(penalty: LengthPenalty) -> list[str]:
+    """revnmt-translate's options for ``penalty``."""
+    return ["--length-penalty", f"{penalty.alpha:g}", "--length-penalty-type", penalty.type]
+
+
+def dev_scores_file(directory: Path, penalty: LengthPenalty) -> Path:
+    """Where the dev decode with ``penalty`` writes its scores, e.g. dev-length-penalty/gnmt-0.6.json."""
+    return directory / DEV_GRID_DIR / f"{penalty.type}-{penalty.alpha:g}.json"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def choose_length_penalty(args: argparse.Namespace, directory: Path) -> str:
+    """Write ``directory``/length-penalty.json from its dev decodes of the setup's grid: every penalty's dev scores,
+    and the one of best dev sacreBLEU, the BLEU that training picks best.pt by (of equals, the first in grid order).
+    Return the line to show."""
+    grid = []
+    for penalty in args.setup["length_penalties"]:
+        scores = read_json(dev_scores_file(directory, penalty))
+        grid.append({key: scores[key] for key in
+                     ("length_penalty_type", "length_penalty", "beam", "sacrebleu", "tokenized_bleu")})
+    best = max(grid, key=lambda point: point["sacrebleu"])  # max keeps the first of equals
+    choice = {"chosen_by": "dev sacreBLEU", "length_penalty_type": best["length_penalty_type"],
+              "length_penalty": best["length_penalty"], "dev_sacrebleu": best["sacrebleu"],
+              "dev_tokenized_bleu": best["tokenized_bleu"], "grid": grid}
+    atomic_write_text(directory / LENGTH_PENALTY_JSON, json.dumps(choice, indent=2) + "\n")
+    return (f"length penalty {best['length_penalty_type']} {best['length_penalty']:g}: dev sacreBLEU "
+            f"{best['sacrebleu']:.2f}, the best of {len(grid)}")
+
+
+def tuned_decoding_steps(args: argparse.Namespace, tuned_on: Sequence[Path], directory: Path,
+                         tests: Sequence[tuple[Sequence[Path], Path]]) -> list[Step]:
+    """Decoding with a length penalty tuned on the dev set: the dev set translated by the checkpoints ``tuned_on``
+    with each penalty of the setup's grid (``directory``/dev-length-penalty/), the choice
+    (``directory``/length-penalty.json), then test2016 with it, by each (checkpoints, scores file) of ``tests``.
+    The test commands need the choice: until it is made, the steps end with making it."""
+    choice = directory / LENGTH_PENALTY_JSON
+    if choice.is_file():
+        tuned = read_json(choice)
+        penalty = penalty_options(LengthPenalty(tuned["length_penalty"], tuned["length_penalty_type"]))
+        return [Step(scores, translate_command(args, checkpoints, "test", scores, *penalty))
+                for checkpoints, scores in tests if not scores.is_file()]
+    steps = []
+    for penalty in args.setup["length_penalties"]:
+        dev = dev_scores_file(directory, penalty)
+        if not dev.is_file():
+            steps.append(Step(dev, translate_command(args, tuned_on, "valid", dev, *penalty_options(penalty))))
+    return steps + [Step(choice, action=partial(choose_length_penalty, args, directory))]
+
+
+def pending_steps(args: argparse.Namespace, model: Model) -> list[Step]:
+    """The steps ``model`` still needs, as far as they are known now: training (until test.json exists), the test
+    scores with ``--replace-unk`` (word models), the memory report (reversible models), then, for models that keep
+    checkpoints, averaging and the decodes with the tuned length penalty (:func:`tuned_decoding_steps`)."""
+    run = args.runs / model.name
+    steps = [] if (run / "test.json").is_file() else [Step(run / "test.json", train_command(args, model))]
     if not model.subwords and not (run / REPLACE_UNK_JSON).is_file():
-        steps.append(replace_unk_command(args, model))
+        steps.append(Step(run / REPLACE_UNK_JSON, replace_unk_command(args, model)))
     if model.reversible and not (run / "memory.json").is_file():
-        steps.append(memory_command(args, model))
+        steps.append(Step(run / "memory.json", memory_command(args, model)))
+    if model.keep_checkpoints:
+        average = run / AVERAGE_CHECKPOINT
+        if not average.is_file():
+            steps.append(Step(average, average_command(args, model)))
+        steps += tuned_decoding_steps(args, [average], run, [([run / BEST_CHECKPOINT], run / TEST_BEST_LP_JSON),
+                                                             ([average], run / TEST_AVERAGE_JSON)])
     return steps
 
 
-def run_all(args: argparse.Namespace) -> list[str]:
-    """Run every model's pending commands, ``--jobs`` models at a time, showing progress; return the
-    models whose command failed."""
-    queue = [(m, pending_steps(args, m)) for m in args.models]
-    queue = [(m, steps) for m, steps in queue if steps]
+def ensemble_members() -> list[Model]:
+    """The models whose averaged checkpoints decode together as the ensemble: the reversible quality models."""
+    return [model for model in QUALITY if model.reversible]
+
+
+def unaveraged_members(args: argparse.Namespace) -> list[str]:
+    """The ensemble's members without an averaged checkpoint yet: training or averaging has not finished."""
+    return [m.name for m in ensemble_members() if not (args.runs / m.name / AVERAGE_CHECKPOINT).is_file()]
+
+
+def ensemble_steps(args: argparse.Namespace) -> list[Step]:
+    """The ensemble's steps: its own length penalty tuned on the dev set (the members' averaged log-probabilities
+    need not favour the lengths either member's do), in RUNS/ensemble-reversible/, and test2016 with it
+    (RUNS/ensemble-reversible.json); none until every member is averaged."""
+    if unaveraged_members(args):
+        return []
+    checkpoints = [args.runs / m.name / AVERAGE_CHECKPOINT for m in ensemble_members()]
+    return tuned_decoding_steps(args, checkpoints, args.runs / ENSEMBLE,
+                                [(checkpoints, args.runs / f"{ENSEMBLE}.json")])
+
+
+def reports_ensemble(args: argparse.Namespace) -> bool:
+    """Whether this call makes and tabulates the ensemble: it does when it runs one of the members."""
+    return any(model in args.models for model in ensemble_members())
+
+
+def run_pipeline(args: argparse.Namespace) -> list[str]:
+    """Every model's pending steps, then the ensemble's once all its members are averaged (else say which it waits
+    for); return the jobs that failed."""
+    failed = run_all(args, [Job(m.name, args.runs / m.name, partial(pending_steps, args, m)) for m in args.models])
+    if not reports_ensemble(args):
+        return failed
+    waiting = unaveraged_members(args)
+    if waiting:
+        print(f"[{ENSEMBLE}] waits for {', '.join(waiting)} to finish training and averaging", flush=True)
+        return failed
+    return failed + run_all(args, [Job(ENSEMBLE, args.runs / ENSEMBLE, partial(ensemble_steps, args))])
+
+
+def run_all(args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
+    """Run the jobs' pending steps, ``--jobs`` jobs at a time, showing progress; return the jobs whose step failed.
+    A job's steps are listed again after each step: later commands can depend on what it wrote (the length
+    penalty chosen)."""
+    queue = [job for job in jobs if job.steps()]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    running: dict[str, tuple[subprocess.Popen, list[list[str]], float]] = {}
+    running: dict[str, tuple[Job, Step, subprocess.Popen, float]] = {}
     shown: dict[str, str] = {}
     failed = []
 
-    def start(model: Model, steps: list[list[str]]) -> None:
-        run = args.runs / model.name
-        run.mkdir(parents=True, exist_ok=True)
-        # training and the memory report log to the console; it goes to a file (tracebacks included).
-        console = open(run / "console.log", "a", encoding="utf-8")
-        print(f"[{model.name}] {' '.join(steps[0][1:])}", flush=True)
-        process = subprocess.Popen(steps[0], stdout=console, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        console.close()
-        running[model.name] = (process, steps[1:], time.monotonic())
+    def start(job: Job) -> bool:
+        """Start the job's next command, doing the instant steps before it; False if none is left."""
+        job.directory.mkdir(parents=True, exist_ok=True)
+        while steps := job.steps():
+            step = steps[0]
+            if step.action is not None:
+                print(f"[{job.name}] {step.action()}", flush=True)
+                continue
+            step.output.parent.mkdir(parents=True, exist_ok=True)  # revnmt-translate writes into existing folders
+            # the commands log to the console; it goes to a file (tracebacks included).
+            console = open(job.directory / "console.log", "a", encoding="utf-8")
+            print(f"[{job.name}] {' '.join(step.command[1:])}", flush=True)
+            process = subprocess.Popen(step.command, stdout=console, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            console.close()
+            running[job.name] = (job, step, process, time.monotonic())
+            return True
+        return False
 
-    models = {m.name: m for m in args.models}
     try:
         while queue or running:
             while queue and len(running) < args.jobs:
-                start(*queue.pop(0))
+                start(queue.pop(0))
             time.sleep(min(POLL_S, 1.0 if args.quick else POLL_S))
-            for name, (process, rest, started) in list(running.items()):
-                line = last_progress_line(args.runs / name)
+            for name, (job, step, process, started) in list(running.items()):
+                line = last_progress_line(job.directory)
                 if line and shown.get(name) != line:
                     print(f"[{name}] {line}", flush=True)
                     shown[name] = line
                 if process.poll() is None:
                     continue
                 del running[name]
-                if process.returncode != 0:
-                    print(f"[{name}] failed (exit {process.returncode}): see {args.runs / name / 'console.log'}",
-                          flush=True)
+                # A command that succeeds without writing its output would otherwise be started again and again.
+                if process.returncode != 0 or not step.output.is_file():
+                    why = f"exit {process.returncode}" if process.returncode else f"it wrote no {step.output.name}"
+                    print(f"[{name}] failed ({why}): see {job.directory / 'console.log'}", flush=True)
                     failed.append(name)
-                elif rest:
-                    start(models[name], rest)
-                else:
+                elif not start(job):
                     print(f"[{name}] done ({(time.monotonic() - started) / 60:.1f} min for its last step)", flush=True)
     except KeyboardInterrupt:  # the children got the same SIGINT; their last.pt lets a rerun resume
         print("interrupted: run the same command again to resume", file=sys.stderr)
@@ -322,15 +489,17 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
         "tokens_per_s": speed.get(model.name),
     }
     if result["finished"]:
-        test = json.loads((run / "test.json").read_text(encoding="utf-8"))
+        test = read_json(run / "test.json")
         result |= {"test_tokenized_bleu": test["tokenized_bleu"], "test_sacrebleu": test["sacrebleu"],
                    "sacrebleu_signature": test["signature"], "test_beam": test["beam"]}
     if (run / REPLACE_UNK_JSON).is_file():
-        test = json.loads((run / REPLACE_UNK_JSON).read_text(encoding="utf-8"))
+        test = read_json(run / REPLACE_UNK_JSON)
         result |= {"test_replace_unk_tokenized_bleu": test["tokenized_bleu"],
                    "test_replace_unk_sacrebleu": test["sacrebleu"]}
+    if model.keep_checkpoints:
+        result |= tuned_results(run, [("best", run / TEST_BEST_LP_JSON), ("averaged", run / TEST_AVERAGE_JSON)])
     if (run / "memory.json").is_file():
-        memory = json.loads((run / "memory.json").read_text(encoding="utf-8"))
+        memory = read_json(run / "memory.json")
         result["memory"] = {side: {k: memory[side][k] for k in ("actual_ratio", "optimal_ratio")}
                             for side in ("encoder", "decoder")}
         budget = memory.get("budget")
@@ -338,6 +507,34 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
         # before the planner measured that peak ("cpu accounting") do not bound it.
         result["budget"] = budget if budget and budget.get("measured_by", "").startswith("peak") else None
     return result
+
+
+def tuned_results(directory: Path, tests: Sequence[tuple[str, Path]]) -> dict:
+    """What decoding with the length penalty tuned in ``directory`` gave so far: the dev scores of every penalty
+    tried and the choice (``length_penalty_tuning``), and a ``decodings`` entry for each (checkpoint label, test
+    scores file) of ``tests`` that exists."""
+    if not (directory / LENGTH_PENALTY_JSON).is_file():
+        return {}
+    decodings = []
+    for checkpoint, path in tests:
+        if path.is_file():
+            test = read_json(path)
+            decodings.append({"checkpoint": checkpoint, "length_penalty_type": test["length_penalty_type"],
+                              "length_penalty": test["length_penalty"], "test_beam": test["beam"],
+                              "test_tokenized_bleu": test["tokenized_bleu"], "test_sacrebleu": test["sacrebleu"],
+                              "sacrebleu_signature": test["signature"]})
+    return {"length_penalty_tuning": read_json(directory / LENGTH_PENALTY_JSON), "decodings": decodings}
+
+
+def collect_ensemble(args: argparse.Namespace) -> dict | None:
+    """The ensemble's row, once its length penalty is chosen; None before."""
+    members = ensemble_members()
+    tuned = tuned_results(args.runs / ENSEMBLE, [("averaged", args.runs / f"{ENSEMBLE}.json")])
+    if not tuned:
+        return None
+    first = members[0]  # the members differ in their RNN only
+    return {"model": ENSEMBLE, "members": [m.name for m in members], "rnn": " + ".join(m.rnn for m in members),
+            "attention": first.attention, "bits": first.bits, "text": TEXT_LABELS[first.text], **tuned}
 
 
 def budget_tokens(results: list[dict], row: dict) -> int | None:
@@ -357,10 +554,18 @@ def row_label(row: dict) -> str:
     return row["rnn"] if row.get("text", "words") == "words" else f"{row['rnn']} ({row['text']})"
 
 
-def markdown(results: list[dict], budget: int) -> str:
-    def num(value, fmt: str = ".2f") -> str:
-        return "–" if value is None else format(value, fmt)
+def num(value: float | None, fmt: str = ".2f") -> str:
+    return "–" if value is None else format(value, fmt)
 
+
+def penalty_label(entry: dict) -> str:
+    """A length penalty of a decoding or of length-penalty.json, e.g. "gnmt 0.6"."""
+    return f"{entry['length_penalty_type']} {entry['length_penalty']:g}"
+
+
+def markdown(results: list[dict], budget: int, ensemble: dict | None = None) -> str:
+    """The results table (with, under a model that keeps checkpoints, a row per decoding with the tuned length
+    penalty, and the ensemble's last), the length penalty tuning, dev BLEU per epoch, and sacreBLEU's signature."""
     def ratio(row: dict, side: str) -> str:
         m = row.get("memory", {}).get(side)
         return "–" if m is None else f"{m['actual_ratio']:.1f}× ({m['optimal_ratio']:.1f}×)"
@@ -369,7 +574,16 @@ def markdown(results: list[dict], budget: int) -> str:
             "test BLEU tok. / sacreBLEU, --replace-unk | dev BLEU | best epoch / trained | "
             f"minutes to best | train tok/s (side by side) | encoder actual (optimal) | decoder actual (optimal) | "
             f"batch tokens in {format_bytes(budget)} |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    columns = head.count(" | ") + 1
+    lines = [head, "|" + "---|" * columns]
+
+    def decoding_rows(r: dict) -> list[str]:
+        """A row per test decoding with the tuned length penalty: its test scores; the training's figures are
+        in the model's row."""
+        return [f"| {row_label(r)}: {d['checkpoint']}, length penalty {penalty_label(d)} | {r['attention']} | "
+                f"{r['bits'] or '–'} | {num(d['test_tokenized_bleu'])} | {num(d['test_sacrebleu'])} |"
+                + " – |" * (columns - 5) for d in r.get("decodings", [])]
+
     for r in results:
         status = "" if r["finished"] else " (training)"
         lines.append(
@@ -378,12 +592,36 @@ def markdown(results: list[dict], budget: int) -> str:
             f"{num(r.get('test_replace_unk_sacrebleu'))} | {num(r['dev_bleu'])} | {num(r['best_epoch'], 'd')} / "
             f"{r['epochs_trained']} | {num(r['minutes_to_best'], '.0f')} | {num(r['tokens_per_s'], '.0f')} | "
             f"{ratio(r, 'encoder')} | {ratio(r, 'decoder')} | {num(budget_tokens(results, r), ',')} |")
+        lines += decoding_rows(r)
+    tuned = [r for r in results if r.get("length_penalty_tuning")]
+    if ensemble:
+        lines += decoding_rows(ensemble)
+        tuned.append(ensemble)
+    if tuned:
+        lines += ["", length_penalty_table(tuned)]
     lines += ["", dev_curves(results)]
-    signatures = {r["sacrebleu_signature"] for r in results if r.get("sacrebleu_signature")}
+    decodings = [d for r in results + ([ensemble] if ensemble else []) for d in r.get("decodings", [])]
+    signatures = {r["sacrebleu_signature"] for r in results + decodings if r.get("sacrebleu_signature")}
     if signatures:
         lines.append("")
         lines.append("sacreBLEU signature: " + "; ".join(sorted(signatures)))
     return "\n".join(lines) + "\n"
+
+
+def length_penalty_table(tuned: list[dict]) -> str:
+    """Dev sacreBLEU of every length penalty tried, a row per model or ensemble tuned, the chosen one in bold."""
+    grid = list(dict.fromkeys(penalty_label(point) for r in tuned for point in r["length_penalty_tuning"]["grid"]))
+    beams = sorted({point["beam"] for r in tuned for point in r["length_penalty_tuning"]["grid"]})
+    lines = [f"Length penalty tuned on the dev set: dev sacreBLEU of the averaged checkpoints at beam "
+             f"{', '.join(map(str, beams))}, the chosen one in bold; the test rows above decode with it.", "",
+             "| averaged | " + " | ".join(grid) + " |", "|---|" + "---:|" * len(grid)]
+    for r in tuned:
+        tuning = r["length_penalty_tuning"]
+        scores = {penalty_label(point): point["sacrebleu"] for point in tuning["grid"]}
+        cells = [("**{:.2f}**" if label == penalty_label(tuning) else "{:.2f}").format(scores[label])
+                 if label in scores else "" for label in grid]
+        lines.append(f"| {row_label(r)} {r['attention']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def dev_curves(results: list[dict]) -> str:
@@ -403,12 +641,14 @@ def hardware(args: argparse.Namespace) -> dict:
             "jobs": args.jobs, "threads_per_job": args.threads}
 
 
-KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", REPLACE_UNK_JSON, "memory.json")
-TABLE_FILES = ("results.md", "results.json", "speed.json")
+KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", REPLACE_UNK_JSON, "memory.json",
+              LENGTH_PENALTY_JSON, TEST_BEST_LP_JSON, TEST_AVERAGE_JSON)
+TABLE_FILES = ("results.md", "results.json", "speed.json", f"{ENSEMBLE}.json")
 
 
 def publish(args: argparse.Namespace, names: list[str]) -> None:
-    """Copy the table and every run's small files (never checkpoints) to ``--results``."""
+    """Copy the table and every run's small files (never checkpoints) to ``--results``; ``names``: the runs, and
+    the ensemble's directory (its length-penalty.json)."""
     args.results.mkdir(parents=True, exist_ok=True)
     for name in TABLE_FILES:
         if (args.runs / name).is_file():
@@ -420,24 +660,27 @@ def publish(args: argparse.Namespace, names: list[str]) -> None:
                 shutil.copy2(args.runs / name / kept, args.results / name / kept)
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     args.runs.mkdir(parents=True, exist_ok=True)
-    failed = [] if args.report else run_all(args)
+    failed = [] if args.report else run_pipeline(args)
     speed_file = args.runs / "speed.json"
     if args.speed:
         speed_file.write_text(json.dumps(measure_speed(args), indent=2) + "\n", encoding="utf-8")
     speed = json.loads(speed_file.read_text(encoding="utf-8")) if speed_file.is_file() else {}
     results = [r for r in (collect(args, m, speed) for m in args.models) if r is not None]
-    table = markdown(results, args.memory_budget)
+    ensemble = collect_ensemble(args) if reports_ensemble(args) else None
+    table = markdown(results, args.memory_budget, ensemble)
     print(table, end="")
     (args.runs / "results.md").write_text(table, encoding="utf-8")
     report = {"hardware": hardware(args), "quick": args.quick, "train_options": args.setup["train"],
               "test_beam": args.setup["test_beam"],
               "memory_budget": args.memory_budget, "results": results}
+    if ensemble:
+        report["ensemble"] = ensemble
     (args.runs / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.results:
-        publish(args, [r["model"] for r in results])
+        publish(args, [r["model"] for r in results] + ([ENSEMBLE] if ensemble else []))
     complete = all(r["finished"] for r in results) and len(results) == len(args.models)
     return 0 if complete and not failed else 1
 

@@ -1,5 +1,5 @@
 """benchmarks/multi30k.py --quick as a user runs it: train, score, measure and tabulate three models, one of
-them on subwords."""
+them a quality model on subwords, which is also averaged and decoded with a length penalty tuned on the dev set."""
 
 import json
 import subprocess
@@ -21,7 +21,7 @@ def test_quick_mode_fills_the_table(tmp_path):
         pytest.skip("Multi30K is not on this machine")
     runs, kept = tmp_path / "runs", tmp_path / "kept"
     command = [sys.executable, str(REPO / "benchmarks/multi30k.py"), "--quick", "--data-dir", str(data),
-               "--models", "gru-hidden,revgru-emb+slice-3bit,revgru-emb+slice-3bit-bpe8k", "--runs", str(runs),
+               "--models", "gru-hidden,revgru-emb+slice-3bit,revgru-emb+slice-bi-bpe8k", "--runs", str(runs),
                "--jobs", "2", "--threads", "1", "--speed", "2", "--results", str(kept)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -45,9 +45,21 @@ def test_quick_mode_fills_the_table(tmp_path):
     assert f"{tokens['ordinary']:,}" in table and f"{tokens['reversible']:,}" in table  # GRU's row: same-size model
     assert sorted(p.name for p in (kept / "revgru-emb+slice-3bit").iterdir()) == [
         "config.json", "memory.json", "test-replace-unk.json", "test.json", "train.log", "valid.tsv"]
-    assert json.loads((kept / "revgru-emb+slice-3bit-bpe8k" / "config.json").read_text())["subword"] == "bpe"
+    assert json.loads((kept / "revgru-emb+slice-bi-bpe8k" / "config.json").read_text())["subword"] == "bpe"
     assert "| revgru (BPE 8k) | emb+slice |" in table
 
-    # A second run finds everything done and trains nothing.
-    again = subprocess.run(command[:-4] + ["--report"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "train.py" not in again.stdout
+    # The quality model: averaged, its length penalty chosen among the quick grid's two, test2016 decoded with it;
+    # the ensemble waits for the reversible quality models not run here.
+    tuning = pieces["length_penalty_tuning"]
+    assert len(tuning["grid"]) == 2 and tuning["chosen_by"] == "dev sacreBLEU"
+    assert [d["checkpoint"] for d in pieces["decodings"]] == ["best", "averaged"]
+    for decoding in pieces["decodings"]:
+        assert 0 <= decoding["test_sacrebleu"] <= 100 and decoding["length_penalty"] == tuning["length_penalty"]
+    assert "| revgru (BPE 8k): averaged, length penalty " in table
+    assert "[ensemble-reversible] waits for revlstm-emb+slice-bi-bpe8k" in done.stdout and "ensemble" not in report
+    assert {"length-penalty.json", "test-best-lp.json", "test-average.json"} <= {
+        p.name for p in (kept / "revgru-emb+slice-bi-bpe8k").iterdir()}
+
+    # A second run finds every step done and runs nothing.
+    again = subprocess.run(command[:-4], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "revnmt.cli" not in again.stdout
