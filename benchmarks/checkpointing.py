@@ -62,12 +62,14 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=300, help="RNN units (the paper's Multi30K setup: 300)")
     parser.add_argument("--emb-dim", type=int, default=300, help="embedding size")
     parser.add_argument("--layers", type=int, default=1, help="encoder and decoder layers")
-    parser.add_argument("--slice-dim", type=int, default=20, help="stored slice units (the paper's IWSLT setup: 60)")
+    parser.add_argument("--slice-dim", type=int,
+                        help="stored slice units (default: 20, or half the units if fewer; the paper's IWSLT "
+                        "setup: 60)")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args()
     cfg = ModelConfig(rnn=args.rnn, attention=args.attention, hidden_size=args.hidden_size, emb_dim=args.emb_dim,
-                      layers=args.layers, slice_dim=args.slice_dim, src_vocab=SRC_VOCAB,
-                      tgt_vocab=TGT_VOCAB).validate()
+                      layers=args.layers, slice_dim=args.slice_dim or min(20, args.hidden_size // 2),
+                      src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB).validate()
     print(f"{args.rnn} {args.attention}, {args.layers} layer(s) of {args.hidden_size} units, {args.batch} sentences of "
           f"T tokens a side; per target token, bytes autograd saves + bytes held outside autograd:")
     print("| T | best K | " + " | ".join(LABELS.values()) + " |")
