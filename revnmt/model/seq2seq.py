@@ -1,9 +1,10 @@
 """The attention encoder-decoder: what every model family shares, and what each must provide.
 
-Embeddings → RNN encoder → RNN decoder (initialised with the encoder's final state, no input
-feeding) → Luong general attention over a memory of source embeddings and/or stored encoder units
-→ output layer over the target vocabulary. Only the recurrent layers, and hence how a training
-step gets its gradients, differ between the families:
+Embeddings → RNN encoder (one direction, or two: ``cfg.encoder``) → RNN decoder (initialised with the
+encoder's final state, or with the :class:`~revnmt.model.bridge.Bridge` of both directions' final states;
+no input feeding) → Luong general attention over a memory of source embeddings and/or stored encoder units
+→ output layer over the target vocabulary (its weights the target embeddings with ``cfg.tie_embeddings``).
+Only the recurrent layers, and hence how a training step gets its gradients, differ between the families:
 
 - :class:`~revnmt.model.reversible.ReversibleSeq2Seq` (``revgru``/``revlstm``) trains by reversal;
 - :class:`~revnmt.model.ordinary.OrdinarySeq2Seq` (``gru``/``lstm``) by autograd.
