@@ -28,7 +28,8 @@ for the input projection) both ways, ``torch.mm`` (the BLAS torch was built with
 the forward and the reverse sweep (RevGRU and RevLSTM, batch 64, 300 units, T = 20, errors kept on the device as
 on CUDA); the reverse as a decoder's (a loss gradient on every output, reversed by chunks: each step but a chunk's
 first is undone, then backpropagated) and as an encoder's (no output gradients). Every ATen op but views and
-``empty*`` counts, which on CUDA is about one kernel launch each; a Triton update is one custom op, so one launch.
+``empty*`` counts, which on CUDA is about one kernel launch each, and every Triton kernel run counts one (what
+Triton's interpreter dispatches inside a run is not counted).
 The numba backend's compiled calls are not dispatched through torch and count 0 (they are CPU loops, no
 launches). Without a GPU the Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` is set for this
 mode on a machine without CUDA): slow, but the count is the same. The products are counted as CUDA runs them
@@ -48,6 +49,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -132,17 +134,56 @@ def profile_breakdown(step, repeats: int) -> dict:
             "buffer_loops": loops * per_step, "other": (total - products - loops) * per_step}
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts the ATen ops dispatched, but views (which launch nothing) and ``empty*`` (allocations)."""
+class LaunchCounter(TorchDispatchMode):
+    """Counts the launches of what runs inside it: the ATen ops dispatched, but views (which launch nothing)
+    and ``empty*`` (allocations), and the Triton kernels run, each by its name in ``names``.
+
+    Triton's launches do not go through torch's dispatcher, so the counter wraps ``run`` of Triton's kernel
+    classes (the compiled ``JITFunction`` and the interpreter's ``InterpretedFunction``) while it is active;
+    the ops the interpreter dispatches inside a run are part of that one launch."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.names: list[str] = []
+        self._in_kernel = False
+        kinds = []
+        if buffers.backends.triton_available():
+            from triton.runtime.interpreter import InterpretedFunction
+            from triton.runtime.jit import JITFunction
+            kinds = [JITFunction, InterpretedFunction]
+        self._patches = [mock.patch.object(kind, "run", self._counted(kind.run)) for kind in kinds]
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def _counted(self, run):
+        def counted_run(kernel, *args, warmup=False, **kwargs):
+            if warmup or self._in_kernel:
+                return run(kernel, *args, warmup=warmup, **kwargs)
+            self.names.append(kernel.fn.__name__)
+            self._in_kernel = True
+            try:
+                return run(kernel, *args, warmup=warmup, **kwargs)
+            finally:
+                self._in_kernel = False
+        return counted_run
+
+    def __enter__(self):
+        for patch in self._patches:
+            patch.start()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for patch in self._patches:
+            patch.stop()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         returns = func._schema.returns
         view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-        self.count += not (view or func.__name__.startswith("empty"))
+        if not (self._in_kernel or view or func.__name__.startswith("empty")):
+            self.names.append(func.name())
         return func(*args, **(kwargs or {}))
 
 
@@ -168,12 +209,12 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
     inputs = TensorInput(x)
     with torch.backends.mkldnn.flags(enabled=False):
         rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])  # warm-up
-        with _OpCounter() as forward:
+        with LaunchCounter() as forward:
             tape = rev.forward_sweep(inputs, mask)
-        with _OpCounter() as reverse:
+        with LaunchCounter() as reverse:
             rev.backward_sweep(tape, inputs, output_grads=lambda s, out: w[s])
         tape = rev.forward_sweep(inputs, mask)
-        with _OpCounter() as encoder:
+        with LaunchCounter() as encoder:
             rev.backward_sweep(tape, inputs, grad_final=[torch.randn(batch, rev.state_size, device=device)])
     return {"cell": "rev" + cell, "backend": backend, "buffer_lanes": rev.lanes_on(device),
             "forward_per_step": forward.count / steps, "reverse_per_step": reverse.count / steps,

@@ -25,8 +25,8 @@ backends, and compile them ahead of time for sm_80 and sm_90 (tests/buffers/test
 Triton's ``//`` and ``%`` truncate toward zero: every division here either has a non-negative
 dividend (buffer words, lane indices), where truncation is the floor, or is corrected (:func:`_floor_divmod`).
 
-Each kernel is registered as a torch custom op, so the dispatcher (and a ``TorchDispatchMode``
-counting launches) sees one op per update.
+Each kernel is launched by a plain function (``_push_launch``, ``_pop_launch``), not a torch custom op,
+whose dispatch costs more host time than the kernel takes on the GPU.
 """
 
 from __future__ import annotations
@@ -359,22 +359,18 @@ def launch_options(lanes: int) -> dict:
                 **COMPILE_OPTIONS)
 
 
-@torch.library.custom_op("revnmt_buffers::triton_push", mutates_args=("out", "curr", "stack", "top", "flags",
-                                                                       "status", "lost"))
-def _push_op(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
-             curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
-             lost: torch.Tensor, lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int,
-             gates: bool) -> None:
+def _push_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
+                 curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
+                 lost: torch.Tensor, lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int,
+                 gates: bool) -> None:
     _push_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
                        status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1],
                        first_flag, min_numerator, GATES=gates, **launch_options(curr.numel()))
 
 
-@torch.library.custom_op("revnmt_buffers::triton_pop", mutates_args=("out", "curr", "stack", "top", "flags",
-                                                                      "status"))
-def _pop_op(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
-            curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
-            stored: int, first_flag: int, min_numerator: int, gates: bool) -> None:
+def _pop_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
+                curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
+                stored: int, first_flag: int, min_numerator: int, gates: bool) -> None:
     _pop_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
                       status, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1], first_flag, min_numerator,
                       GATES=gates, **launch_options(curr.numel()))
@@ -422,7 +418,7 @@ class TritonBackend(BufferBackend):
     def _push(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _push_op(h, z, u, mask, out, words.curr, words.stack, words.top,
+        _push_launch(h, z, u, mask, out, words.curr, words.stack, words.top,
                  words.flags, words.status, lost, lost_table(h.device), stored, first_flag, words.min_numerator,
                  gates)
         return out, lost
@@ -430,7 +426,7 @@ class TritonBackend(BufferBackend):
     @staticmethod
     def _pop(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        _pop_op(h, z, u, mask, out, words.curr, words.stack, words.top,
+        _pop_launch(h, z, u, mask, out, words.curr, words.stack, words.top,
                 words.flags, words.status, stored, first_flag, words.min_numerator, gates)
         return out
 

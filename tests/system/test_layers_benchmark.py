@@ -5,6 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from benchmarks.layers import count_kernels
+from buffers.backends import triton_available
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,3 +44,19 @@ def test_batch_scaling_reports_tokens_per_second_at_every_size(tmp_path):
     for case in cases:
         assert case["reversible_tokens_per_s"] == 1000 * case["batch"] * 4 / case["reversible_ms"]
     assert cases[0]["reversible_scaling"] == 1.0 and cases[1]["reversible_scaling"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install -e .[dev])")
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_fused_steps_launch_at_most_8_kernels_forward_and_16_in_reverse(cell):
+    # The launches a time step adds (T = 12 against T = 6, so that what a sweep launches once cancels out), counted
+    # as --count-kernels counts them, the Triton kernels in the interpreter: the fused steps' budget per layer step.
+    runs = [count_kernels(cell, "triton", torch.device("cpu"), batch=2, hidden=4, steps=steps) for steps in (6, 12)]
+
+    def per_step(key: str) -> float:
+        return (runs[1][key] * 12 - runs[0][key] * 6) / 6
+
+    assert per_step("forward_per_step") <= 8
+    assert per_step("reverse_per_step") <= 16
+    assert per_step("reverse_encoder_per_step") <= 16

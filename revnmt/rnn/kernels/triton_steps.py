@@ -38,8 +38,10 @@ reference's to the last ulp, so the states of a run with fused kernels are their
 exact all the same.
 
 Like the buffer kernels, these run on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests run
-them without a GPU), and each is registered as a torch custom op, so the dispatcher (and a
-``TorchDispatchMode`` counting launches) sees one op per kernel.
+them without a GPU). Each is launched by a plain function (``_*_launch``), not registered as a torch
+custom op: the dispatcher's custom-op path costs more host time a call than the kernel takes on the
+GPU, and a step is bound by the host (docs/gpu.md). What counts launches counts Triton's runs beside
+the dispatched ATen ops (``benchmarks/layers.py --count-kernels``).
 """
 
 from __future__ import annotations
@@ -403,7 +405,7 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr,
             tl.store(inputs_ptr + b * inputs_rs + j, tl.load(read_ptr + b * read_rs + j, mask=ok), mask=ok)
 
 
-# ---------------------------------------------------------------------------- the ops (one launch each)
+# ---------------------------------------------------------------------------- the launches (one kernel each)
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -426,35 +428,29 @@ def _tiles(batch: int, half: int) -> tuple[int, int]:
     return triton.cdiv(batch, _TILE["BLOCK_B"]), triton.cdiv(half, _TILE["BLOCK_J"])
 
 
-@torch.library.custom_op("revnmt_rnn::triton_gru_gates", mutates_args=("s", "rh"))
-def _gru_gates_op(read: torch.Tensor, weight: torch.Tensor, p_zr: torch.Tensor, s: torch.Tensor,
-                  rh: torch.Tensor) -> None:
+def _gru_gates_launch(read: torch.Tensor, weight: torch.Tensor, p_zr: torch.Tensor, s: torch.Tensor,
+                      rh: torch.Tensor) -> None:
     batch, half = read.shape
     _gru_gates_kernel[_tiles(batch, half)](*_rows(read), weight, *weight.stride(), *_rows(p_zr), s, *_rows(rh), batch,
                                            half, **_TILE, **COMPILE_OPTIONS)
 
 
-@torch.library.custom_op("revnmt_rnn::triton_gru_push",
-                         mutates_args=("out", "new_float", "curr", "stack", "top", "flags", "status", "lost"))
-def _gru_push_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
-                 out: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
-                 flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor, lost_table: torch.Tensor, stored: int,
-                 first_flag: int, min_numerator: int, slope: float) -> None:
+def _gru_push_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
+                     out: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor, stack: torch.Tensor,
+                     top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor,
+                     lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int, slope: float) -> None:
     _gru_push_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(out), new_float, curr,
                            stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0],
                            curr.shape[1], first_flag, min_numerator, slope,
                            **launch_options(curr.numel()))
 
 
-@torch.library.custom_op("revnmt_rnn::triton_gru_reverse",
-                         mutates_args=("prev", "prev_float", "grad", "grad_z", "grad_g", "curr", "stack", "top",
-                                       "flags", "status"))
-def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
-                    restore: torch.Tensor | None, prev: torch.Tensor, prev_float: torch.Tensor | None,
-                    grad: torch.Tensor | None, grad_out: torch.Tensor | None, grad_z: torch.Tensor | None,
-                    grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
-                    flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int, slope: float,
-                    pop: bool) -> None:
+def _gru_reverse_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
+                        restore: torch.Tensor | None, prev: torch.Tensor, prev_float: torch.Tensor | None,
+                        grad: torch.Tensor | None, grad_out: torch.Tensor | None, grad_z: torch.Tensor | None,
+                        grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
+                        flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int, slope: float,
+                        pop: bool) -> None:
     restore = _or_no_columns(restore, h)
     diff, write_float, add = grad is not None, prev_float is not None, grad_out is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
@@ -465,9 +461,8 @@ def _gru_reverse_op(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: 
                               DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **launch_options(curr.numel()))
 
 
-@torch.library.custom_op("revnmt_rnn::triton_gru_read_grad", mutates_args=("grad_pre", "grad_read", "inputs"))
-def _gru_read_grad_op(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g: torch.Tensor, read: torch.Tensor,
-                      s: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
+def _gru_read_grad_launch(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g: torch.Tensor, read: torch.Tensor,
+                          s: torch.Tensor, grad_read: torch.Tensor, inputs: torch.Tensor) -> None:
     batch, half = read.shape
     # grad_g · weight_g and grad_zr · weight_zr are products.linear(grad, weight.t()): the transposes' strides.
     w_g, w_zr = weight_g.t(), weight_zr.t()
@@ -476,14 +471,11 @@ def _gru_read_grad_op(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g:
         *_rows(inputs[0]), inputs.stride(0), batch, half, **_TILE, **COMPILE_OPTIONS)
 
 
-@torch.library.custom_op("revnmt_rnn::triton_lstm_push",
-                         mutates_args=("out_h", "out_c", "new_float", "curr", "stack", "top", "flags", "status",
-                                       "lost"))
-def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
-                  out_h: torch.Tensor, out_c: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor,
-                  stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor,
-                  lost_table: torch.Tensor, stored: int, flag_c: int, flag_h: int, min_numerator: int,
-                  slope: float) -> None:
+def _lstm_push_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
+                      out_h: torch.Tensor, out_c: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor,
+                      stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
+                      lost: torch.Tensor, lost_table: torch.Tensor, stored: int, flag_c: int, flag_h: int,
+                      min_numerator: int, slope: float) -> None:
     if out_h.stride() != out_c.stride():
         raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
     _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), out_h, *_rows(out_c),
@@ -492,16 +484,13 @@ def _lstm_push_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: 
                             **launch_options(curr.numel()))
 
 
-@torch.library.custom_op("revnmt_rnn::triton_lstm_reverse",
-                         mutates_args=("prev_h", "prev_c", "prev_float", "grad_h", "grad_c", "grad_pre", "inputs",
-                                       "curr", "stack", "top", "flags", "status"))
-def _lstm_reverse_op(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
-                     restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
-                     prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, grad_out: torch.Tensor | None,
-                     grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None, read: torch.Tensor | None,
-                     inputs: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
-                     flags: torch.Tensor, status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int,
-                     slope: float, pop: bool) -> None:
+def _lstm_reverse_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
+                         restore: torch.Tensor | None, prev_h: torch.Tensor, prev_c: torch.Tensor,
+                         prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, grad_out: torch.Tensor | None,
+                         grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None, read: torch.Tensor | None,
+                         inputs: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
+                         flags: torch.Tensor, status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int,
+                         slope: float, pop: bool) -> None:
     restore = _or_no_columns(restore, h)
     diff, write_float, add = grad_h is not None, prev_float is not None, grad_out is not None
     # Untouched without DIFF:
@@ -559,14 +548,14 @@ class TritonSteps(StepKernels):
 
     def gru_gates(self, read, weight, p, col, rh):
         s = torch.empty(read.shape[0], 2 * read.shape[1], device=read.device)
-        _gru_gates_op(read, weight, _columns(p, col, s), s, rh)
+        _gru_gates_launch(read, weight, _columns(p, col, s), s, rh)
         return s
 
     def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
         plan = buf.plan_push((h.shape[1], stored))
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _gru_push_op(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *plan.tensors(), lost,
+        _gru_push_launch(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *plan.tensors(), lost,
                      lost_table(h.device), stored, plan.flags[0], plan.min_numerator, forget_multiplier(max_bits))
         plan.done(lost)
         return new_float
@@ -574,19 +563,20 @@ class TritonSteps(StepKernels):
     def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
                     prev_float=None, grad_out=None):
         plan, flags, words, min_numerator = _pops(buf, h.device, max_bits, (h.shape[1], _stored(restore)))
-        _gru_reverse_op(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, grad_out, grad_z,
-                        grad_g, *words, flags[0], min_numerator, forget_multiplier(max_bits), plan is not None)
+        _gru_reverse_launch(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, grad_out,
+                            grad_z, grad_g, *words, flags[0], min_numerator, forget_multiplier(max_bits),
+                            plan is not None)
         if plan is not None:
             plan.done()
 
     def gru_read_grad(self, grad_pre, weight_zr, weight_g, read, s, grad_read, inputs):
-        _gru_read_grad_op(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
+        _gru_read_grad_launch(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
 
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
         plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored))
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty(2, dtype=torch.float64, device=h.device)
-        _lstm_push_op(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *plan.tensors(), lost,
+        _lstm_push_launch(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *plan.tensors(), lost,
                       lost_table(h.device), stored, *plan.flags, plan.min_numerator, forget_multiplier(max_bits))
         plan.done(lost[0], lost[1])
         return new_float
@@ -596,9 +586,9 @@ class TritonSteps(StepKernels):
         plan, flags, words, min_numerator = _pops(buf, h.device, max_bits, (c.shape[1], 0),
                                                   (h.shape[1], _stored(restore)))
         grad_h, grad_c = (None, None) if grad is None else grad
-        _lstm_reverse_op(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, grad_out, grad_c,
-                         grad_pre, read, inputs, *words, *flags, min_numerator, forget_multiplier(max_bits),
-                         plan is not None)
+        _lstm_reverse_launch(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, grad_out,
+                             grad_c, grad_pre, read, inputs, *words, *flags, min_numerator,
+                             forget_multiplier(max_bits), plan is not None)
         if plan is not None:
             plan.done()
 
