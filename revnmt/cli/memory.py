@@ -13,17 +13,20 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
-from revnmt.data import BatchSampler, DataOptions, TrainingData, load_data, make_batch
+from revnmt.data import BatchSampler, DataConfig, DataOptions, TrainingData, load_data, make_batch
+from revnmt.data.fingerprint import fingerprinted_prefixes
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
+from revnmt.training import RunConfig
 from revnmt.training.speed import tokens_per_second
 
 from .options import (
@@ -47,7 +50,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_model_options(parser)
     parser.add_argument("--checkpoint", metavar="PATH", help="trained run directory or checkpoint file: its "
                         "model, vocabularies and data options (SentencePiece models included) replace the model and "
-                        "text options (but --buffer-lanes)")
+                        "text options (but --buffer-lanes), and without --data/--data-dir/--train/--valid the run's "
+                        "own corpora and prepared ids are measured")
     parser.add_argument("--batches", type=int, default=20, help="training batches measured (default: 20)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: 64)")
     parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N")
@@ -62,6 +66,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.batches < 1 or args.batch_size < 1:
         parser.error("--batches and --batch-size must be positive")
     check_device(parser, args.device)
+    args.corpus_given = any(value is not None for value in (args.data, args.data_dir, args.train, args.valid))
     args.data_config = data_config(parser, args)
     checked_model_config(parser, args, args.device)
     return args
@@ -105,9 +110,28 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData, 
 
 
 
-def _prepared(args: argparse.Namespace) -> Path | None:
-    """The folder of prepared ids to read if it serves (``--prepared``); revnmt-memory never writes one."""
-    return Path(args.data_config.prepared) if args.data_config.prepared else None
+def _prepared(config: DataConfig) -> Path | None:
+    """The folder of prepared ids to read if it serves; revnmt-memory never writes one."""
+    return Path(config.prepared) if config.prepared else None
+
+
+def _measured_corpora(state: dict, path: Path, args: argparse.Namespace) -> DataConfig:
+    """The data a checkpoint's run is measured on: its own text options (which decide the ids, and so whether a
+    folder of prepared ids serves) on the corpora the command names, or else on the run's own corpora with the ids
+    it prepared (``--prepared``, else the run's folder): Multi30K as the run found it, or the files its data
+    fingerprint names (absolute, so the command works from any folder)."""
+    run = RunConfig.from_checkpoint(state).data
+    given = args.data_config
+    if args.corpus_given or not state.get("data_fingerprint"):  # checkpoints from before fingerprints name none
+        return replace(run, data=given.data, data_dir=given.data_dir, train=given.train, valid=given.valid,
+                       test=None, prepared=given.prepared)
+    folders = (run.prepared, str(path.parent / "data"))
+    prepared = given.prepared or next((folder for folder in folders if folder and Path(folder).is_dir()), None)
+    if run.train is None:
+        return replace(run, test=None, prepared=prepared)
+    train, valid = fingerprinted_prefixes(state["data_fingerprint"], run.src)
+    return replace(run, train=train, valid=valid, test=None, prepared=prepared)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
@@ -117,14 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     try:
         if args.checkpoint is None:
-            data = load_data(args.data_config, prepared=_prepared(args), write=False)
+            data = load_data(args.data_config, prepared=_prepared(args.data_config), write=False)
             model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)))
         else:
             path = resolve_checkpoint(args.checkpoint)
             state = load_checkpoint(path)
+            corpora = _measured_corpora(state, path, args)
             # The checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies.
-            data = load_data(args.data_config, DataOptions.from_dict(state["data"], str(path)),
-                             (state["src_vocab"], state["tgt_vocab"]), prepared=_prepared(args), write=False)
+            data = load_data(corpora, DataOptions.from_dict(state["data"], str(path)),
+                             (state["src_vocab"], state["tgt_vocab"]), prepared=_prepared(corpora), write=False)
             # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
             # and so does --buffer-backend, which changes no result.
             state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)

@@ -24,6 +24,16 @@ def corpus_fingerprint(train: str, valid: str, src: str, tgt: str) -> dict[str, 
     return {name: file_fingerprint(path) for name, path in files.items()}
 
 
+def fingerprinted_prefixes(fingerprint: dict[str, dict], src: str) -> tuple[str, str]:
+    """The training and dev corpora's file prefixes a fingerprint names (absolute), as ``--train`` and ``--valid``
+    take them: a run's own corpora, wherever the command that trained it was started."""
+    prefixes = []
+    for role in ("train", "valid"):
+        path = fingerprint[f"{role}.{src}"]["path"]
+        prefixes.append(path.removesuffix(".gz").removesuffix(f".{src}"))
+    return prefixes[0], prefixes[1]
+
+
 def file_fingerprint(path: Path) -> dict:
     """Path, size and SHA-256 of one file."""
     digest = hashlib.sha256()
