@@ -135,10 +135,16 @@ def probe_step_bytes(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> int:
 
 
 def measure_steps(model: Seq2Seq, points: list[tuple[int, int]], meter: PeakMeter) -> list[int]:
-    """The measured cost of a step on each (sentences, length) batch."""
+    """The measured cost of a step on each (sentences, length) batch, each logged: a large model's steps on long
+    sentences take minutes on a CPU, and planning shows its progress."""
     cfg = model.cfg
-    return [probe_step_bytes(model, synthetic_batch(b, length, cfg.src_vocab, cfg.tgt_vocab, meter.device), meter)
-            for b, length in points]
+    costs = []
+    for b, length in points:
+        costs.append(probe_step_bytes(model, synthetic_batch(b, length, cfg.src_vocab, cfg.tgt_vocab, meter.device),
+                                      meter))
+        logger.info("memory budget: a step on %d pairs of %d tokens takes %s of %s", b, length,
+                    format_bytes(costs[-1]), meter.what)
+    return costs
 
 
 def fit(points: list[tuple[int, int]], costs: list[int]) -> StepCost:
