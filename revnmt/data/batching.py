@@ -59,13 +59,11 @@ class EncodedDataset:
     def _set(self, src: np.ndarray, src_offsets: np.ndarray, tgt: np.ndarray, tgt_offsets: np.ndarray,
              n_filtered: int, corpus_indices: np.ndarray) -> None:
         self._src, self._src_offsets, self._tgt, self._tgt_offsets = src, src_offsets, tgt, tgt_offsets
-        # int32: a sentence's length fits, and a million pairs' three length arrays then take 12 MB (int64
-        # lengths took 16 MB, and the padded sizes 8 MB more each time they were asked for).
-        self.src_lengths = _lengths(src_offsets)
-        self.tgt_lengths = _lengths(tgt_offsets)
         # Padded size of each pair in a batch: max(source length, target length + 1), the +1 being the BOS/EOS
-        # that ``tgt_in``/``tgt_out`` add.
-        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths + 1)
+        # that ``tgt_in``/``tgt_out`` add. The one per-pair array held besides the ids, as int32 (a sentence's
+        # length fits): 4 MB for a million pairs, where int64 source and target lengths took 16 MB and these
+        # padded sizes 8 MB more each time they were asked for.
+        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths + 1).astype(np.int32)
         self.n_filtered = n_filtered
         self.corpus_indices = corpus_indices
         self._reopen: tuple | None = None  # how a memory-mapped dataset is pickled (from_arrays)
@@ -133,7 +131,22 @@ class EncodedDataset:
         return cls(src, tgt, n_filtered=n_too_long + n_empty, corpus_indices=kept)
 
     def __len__(self) -> int:
-        return len(self.src_lengths)
+        return len(self._src_offsets) - 1
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """Each pair's source length, computed from the offsets when asked."""
+        return np.diff(self._src_offsets)
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        """Each pair's target length, computed from the offsets when asked."""
+        return np.diff(self._tgt_offsets)
+
+    def pair_lengths(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source and the target lengths of the pairs ``indices``."""
+        return (self._src_offsets[indices + 1] - self._src_offsets[indices],
+                self._tgt_offsets[indices + 1] - self._tgt_offsets[indices])
 
     def subset(self, keep: np.ndarray) -> EncodedDataset:
         """The pairs where the boolean array ``keep`` is True (the others count as filtered)."""
@@ -152,11 +165,6 @@ class EncodedDataset:
             src=self._src[self._src_offsets[i] : self._src_offsets[i + 1]],
             tgt=self._tgt[self._tgt_offsets[i] : self._tgt_offsets[i + 1]],
         )
-
-
-def _lengths(offsets: np.ndarray) -> np.ndarray:
-    """The lengths of the sequences that ``offsets`` delimit, as int32."""
-    return np.diff(offsets).astype(np.int32)
 
 
 @dataclass
@@ -191,9 +199,10 @@ def make_batch(dataset: EncodedDataset, indices: Sequence[int]) -> Batch:
     """Pad the pairs ``dataset[i] for i in indices`` into a ``Batch``."""
     if len(indices) == 0:
         raise ValueError("cannot make an empty batch")
-    order = sorted((int(i) for i in indices), key=lambda i: -dataset.src_lengths[i])  # stable
-    src_len = dataset.src_lengths[order]
-    tgt_len = dataset.tgt_lengths[order] + 1
+    pairs = np.fromiter((int(i) for i in indices), dtype=np.int64, count=len(indices))
+    src_len, tgt_len = dataset.pair_lengths(pairs)
+    rows = np.argsort(-src_len, kind="stable")  # longest source first, ties in the given order
+    order, src_len, tgt_len = pairs[rows].tolist(), src_len[rows], tgt_len[rows] + 1
     src = np.full((len(order), src_len.max()), PAD, dtype=np.int64)
     tgt_in = np.full((len(order), tgt_len.max()), PAD, dtype=np.int64)
     tgt_out = np.full_like(tgt_in, PAD)

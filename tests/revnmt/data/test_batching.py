@@ -264,8 +264,20 @@ def test_an_epochs_batch_order_is_one_int32_array():
     assert all(batch.base is batches.order for batch in batches)
 
 
-def test_lengths_are_int32_and_held_once(dataset):
-    assert dataset.src_lengths.dtype == dataset.tgt_lengths.dtype == dataset.lengths.dtype == np.int32
-    assert dataset.lengths is dataset.lengths
+def test_padded_lengths_are_one_int32_array_held_once(dataset):
+    assert dataset.lengths.dtype == np.int32 and dataset.lengths is dataset.lengths
     assert dataset.lengths.tolist() == np.maximum(dataset.src_lengths, dataset.tgt_lengths + 1).tolist()
     assert BatchSampler(dataset.lengths, batch_size=2).lengths is dataset.lengths
+    assert [length.tolist() for length in dataset.pair_lengths(np.array([3, 0]))] == [
+        dataset.src_lengths[[3, 0]].tolist(), dataset.tgt_lengths[[3, 0]].tolist()]
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=40), data=st.data())
+def test_batch_rows_run_from_the_longest_source_ties_in_given_order(lengths, data):
+    dataset = EncodedDataset([[5] * n for n, _ in lengths], [[6] * m for _, m in lengths])
+    indices = data.draw(st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=len(lengths), unique=True))
+    batch = make_batch(dataset, np.array(indices, dtype=np.int32))
+    assert batch.indices == sorted(indices, key=lambda i: -lengths[i][0])
+    assert batch.src_len.tolist() == [lengths[i][0] for i in batch.indices]
+    assert batch.tgt_len.tolist() == [lengths[i][1] + 1 for i in batch.indices]
