@@ -61,8 +61,8 @@ class EncodedDataset:
         self._src, self._src_offsets, self._tgt, self._tgt_offsets = src, src_offsets, tgt, tgt_offsets
         # Padded size of each pair in a batch: max(source length, target length + 1), the +1 being the BOS/EOS
         # that ``tgt_in``/``tgt_out`` add. The one per-pair array held besides the ids, as int32 (a sentence's
-        # length fits): 4 MB for a million pairs, where int64 source and target lengths took 16 MB and these
-        # padded sizes 8 MB more each time they were asked for.
+        # length fits): 4 bytes a pair, where int64 source and target lengths took 16 and these padded sizes
+        # 8 more each time they were asked for.
         self.lengths = np.maximum(self.src_lengths, self.tgt_lengths + 1).astype(np.int32)
         self.n_filtered = n_filtered
         self.corpus_indices = corpus_indices
@@ -315,8 +315,8 @@ class BatchSampler:
 class EpochBatches(Sequence[np.ndarray]):
     """An epoch's batches as one array of example indices, batch after batch, and where each batch starts.
 
-    One array rather than an array per batch: a million examples' batch order then takes 4 MB (int32 indices)
-    instead of about 19 MB (int64 indices, and an array object for each of its thousands of batches).
+    One array rather than an array per batch: 4 bytes an example (int32 indices), where the arrays took 8 (int64)
+    besides an array object for each of an epoch's thousands of batches.
     """
 
     def __init__(self, order: np.ndarray, cuts: Sequence[int]) -> None:

@@ -18,9 +18,9 @@ class _Eager(Optimizer):
     torch's optimizers wrap ``add_param_group``, ``state_dict``, ``load_state_dict``, ``zero_grad`` and ``step``
     in functions that import ``torch._dynamo`` when first called, to disable the compiler for them (or to break a
     compiled graph). That import brings in the compiler's stack (``torch._inductor``, sympy, and triton where it
-    is installed) and holds about 140 MiB of resident memory for the rest of the run, although revnmt never
-    compiles. Without compilation the wrappers only call the function they wrap, so calling it directly performs
-    the same updates, and the state dicts are the same (checkpoints load into either class).
+    is installed), resident for the rest of the run (docs/benchmarks.md, "Data at scale" measures it), although
+    revnmt never compiles. Without compilation the wrappers only call the function they wrap, so calling it
+    directly performs the same updates, and the state dicts are the same (checkpoints load into either class).
     """
 
     add_param_group = inspect.unwrap(Optimizer.add_param_group)

@@ -42,8 +42,8 @@ def test_optimizers_update_and_save_as_torchs_do(name, torch_class, lr, tmp_path
 
 
 def test_a_run_imports_no_compiler_stack(toy, tmp_path):
-    # torch's own optimizers import torch._dynamo (and with it torch._inductor, sympy, triton: ~140 MiB resident)
-    # on first use. A run that trains, validates, saves, resumes and tests, in a process of its own:
+    # torch's own optimizers import torch._dynamo (and with it torch._inductor, sympy, triton) on first use.
+    # A run that trains, validates, saves, resumes and tests, in a process of its own:
     code = f"""
 import sys
 from revnmt.cli.train import main
