@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import overload
 
 import numpy as np
 import torch
@@ -58,8 +59,11 @@ class EncodedDataset:
     def _set(self, src: np.ndarray, src_offsets: np.ndarray, tgt: np.ndarray, tgt_offsets: np.ndarray,
              n_filtered: int, corpus_indices: np.ndarray) -> None:
         self._src, self._src_offsets, self._tgt, self._tgt_offsets = src, src_offsets, tgt, tgt_offsets
-        self.src_lengths = np.diff(src_offsets)
-        self.tgt_lengths = np.diff(tgt_offsets)
+        # Padded size of each pair in a batch: max(source length, target length + 1), the +1 being the BOS/EOS
+        # that ``tgt_in``/``tgt_out`` add. The one per-pair array held besides the ids, as int32 (a sentence's
+        # length fits): 4 bytes a pair, where int64 source and target lengths took 16 and these padded sizes
+        # 8 more each time they were asked for.
+        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths + 1).astype(np.int32)
         self.n_filtered = n_filtered
         self.corpus_indices = corpus_indices
         self._reopen: tuple | None = None  # how a memory-mapped dataset is pickled (from_arrays)
@@ -127,7 +131,22 @@ class EncodedDataset:
         return cls(src, tgt, n_filtered=n_too_long + n_empty, corpus_indices=kept)
 
     def __len__(self) -> int:
-        return len(self.src_lengths)
+        return len(self._src_offsets) - 1
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """Each pair's source length, computed from the offsets when asked."""
+        return np.diff(self._src_offsets)
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        """Each pair's target length, computed from the offsets when asked."""
+        return np.diff(self._tgt_offsets)
+
+    def pair_lengths(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source and the target lengths of the pairs ``indices``."""
+        return (self._src_offsets[indices + 1] - self._src_offsets[indices],
+                self._tgt_offsets[indices + 1] - self._tgt_offsets[indices])
 
     def subset(self, keep: np.ndarray) -> EncodedDataset:
         """The pairs where the boolean array ``keep`` is True (the others count as filtered)."""
@@ -146,12 +165,6 @@ class EncodedDataset:
             src=self._src[self._src_offsets[i] : self._src_offsets[i + 1]],
             tgt=self._tgt[self._tgt_offsets[i] : self._tgt_offsets[i + 1]],
         )
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Padded size of each pair in a batch: max(source length, target length + 1), the +1
-        being the BOS/EOS that ``tgt_in``/``tgt_out`` add."""
-        return np.maximum(self.src_lengths, self.tgt_lengths + 1)
 
 
 @dataclass
@@ -186,9 +199,10 @@ def make_batch(dataset: EncodedDataset, indices: Sequence[int]) -> Batch:
     """Pad the pairs ``dataset[i] for i in indices`` into a ``Batch``."""
     if len(indices) == 0:
         raise ValueError("cannot make an empty batch")
-    order = sorted((int(i) for i in indices), key=lambda i: -dataset.src_lengths[i])  # stable
-    src_len = dataset.src_lengths[order]
-    tgt_len = dataset.tgt_lengths[order] + 1
+    pairs = np.fromiter((int(i) for i in indices), dtype=np.int64, count=len(indices))
+    src_len, tgt_len = dataset.pair_lengths(pairs)
+    rows = np.argsort(-src_len, kind="stable")  # longest source first, ties in the given order
+    order, src_len, tgt_len = pairs[rows].tolist(), src_len[rows], tgt_len[rows] + 1
     src = np.full((len(order), src_len.max()), PAD, dtype=np.int64)
     tgt_in = np.full((len(order), tgt_len.max()), PAD, dtype=np.int64)
     tgt_out = np.full_like(tgt_in, PAD)
@@ -235,7 +249,9 @@ class BatchSampler:
         for name, value in (("batch_tokens", batch_tokens), ("batch_size", batch_size)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = np.asarray(lengths)
+        if not np.issubdtype(self.lengths.dtype, np.integer):  # a dataset's int32 lengths are kept as they are
+            self.lengths = self.lengths.astype(np.int64)
         if self.lengths.ndim != 1 or len(self.lengths) == 0:
             raise ValueError("lengths must be a non-empty 1-D sequence")
         self.batch_tokens = batch_tokens
@@ -261,25 +277,26 @@ class BatchSampler:
             per_batch = min(per_batch, batch_size)
         self._pool_size = POOL_BATCHES * per_batch
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
-        """The batches of one epoch, each an array of example indices; every index occurs once. (Arrays, not
-        lists: a million examples' order then takes 8 MB, not the 40 MB of as many Python integers.)"""
+    def batches(self, epoch: int) -> EpochBatches:
+        """The batches of one epoch, each an array of example indices; every index occurs once."""
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+        order = order.astype(np.int32 if len(order) <= np.iinfo(np.int32).max else np.int64)
         if not self.bucket:
-            batches = self._fill(order)
-        else:
-            batches = []
-            for start in range(0, len(order), self._pool_size):
-                pool = order[start : start + self._pool_size]
-                batches += self._fill(pool[np.argsort(self.lengths[pool], kind="stable")])
-            if self.shuffle:
-                # Otherwise each pool would run from its shortest to its longest batch.
-                batches = [batches[i] for i in rng.permutation(len(batches))]
+            return EpochBatches(order, self._cuts(order))
+        cuts: list[int] = []
+        for start in range(0, len(order), self._pool_size):
+            pool = order[start : start + self._pool_size]
+            pool[:] = pool[np.argsort(self.lengths[pool], kind="stable")]
+            cuts += [start, *(start + cut for cut in self._cuts(pool))]
+        batches = EpochBatches(order, cuts[1:])
+        if self.shuffle:
+            # Otherwise each pool would run from its shortest to its longest batch.
+            batches = batches.reordered(rng.permutation(len(batches)))
         return batches
 
-    def _fill(self, order: np.ndarray) -> list[np.ndarray]:
-        """Cut ``order`` greedily into consecutive batches that respect the limits."""
+    def _cuts(self, order: np.ndarray) -> list[int]:
+        """Where to cut ``order`` (positions in it) into consecutive batches that respect the limits, greedily."""
         cuts: list[int] = []
         size = longest = 0
         for position, length in enumerate(self.lengths[order].tolist()):
@@ -292,7 +309,43 @@ class BatchSampler:
                 size, longest_with_it = 0, length
             size += 1
             longest = longest_with_it
-        return np.split(order, cuts)
+        return cuts
+
+
+class EpochBatches(Sequence[np.ndarray]):
+    """An epoch's batches as one array of example indices, batch after batch, and where each batch starts.
+
+    One array rather than an array per batch: 4 bytes an example (int32 indices), where the arrays took 8 (int64)
+    besides an array object for each of an epoch's thousands of batches.
+    """
+
+    def __init__(self, order: np.ndarray, cuts: Sequence[int]) -> None:
+        """Batch ``i`` is ``order[starts[i]:starts[i + 1]]``, the starts being 0 and the ``cuts``."""
+        self.order = order
+        self.starts = np.array([0, *cuts, len(order)], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"batch {i} of {len(self)}")
+        i %= len(self)
+        return self.order[self.starts[i] : self.starts[i + 1]]
+
+    def reordered(self, permutation: np.ndarray) -> EpochBatches:
+        """The same batches in the order ``permutation`` gives: its ``k``-th is batch ``permutation[k]``."""
+        sizes = np.diff(self.starts)[permutation]
+        order = np.concatenate([self[int(i)] for i in permutation])
+        return EpochBatches(order, np.cumsum(sizes)[:-1].tolist())
 
 
 def sorted_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[list[int]]:

@@ -2,19 +2,62 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 
 import torch
+from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from .config import TrainingConfig
 
 
-def build_optimizer(config: TrainingConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+class _Eager(Optimizer):
+    """An optimizer whose methods skip the wrappers that exclude them from ``torch.compile``.
+
+    torch's optimizers wrap ``add_param_group``, ``state_dict``, ``load_state_dict``, ``zero_grad`` and ``step``
+    in functions that import ``torch._dynamo`` when first called, to disable the compiler for them (or to break a
+    compiled graph). That import brings in the compiler's stack (``torch._inductor``, sympy, and triton where it
+    is installed), resident for the rest of the run (docs/benchmarks.md, "Data at scale" measures it), although
+    revnmt never compiles. Without compilation the wrappers only call the function they wrap, so calling it
+    directly performs the same updates, and the state dicts are the same (checkpoints load into either class).
+    """
+
+    add_param_group = inspect.unwrap(Optimizer.add_param_group)
+    state_dict = inspect.unwrap(Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(Optimizer.load_state_dict)
+    zero_grad = inspect.unwrap(Optimizer.zero_grad)
+
+
+def _step_without_grad(step: Callable) -> Callable:
+    """``step`` as torch runs it (without autograd: these optimizers are not differentiable), without the wrapper
+    that imports ``torch._dynamo`` to break a compiled graph around it."""
+    unwrapped = inspect.unwrap(step)
+
+    @torch.no_grad()
+    def eager_step(self: Optimizer, closure: Callable[[], float] | None = None) -> float | None:
+        return unwrapped(self, closure)
+
+    return eager_step
+
+
+class Adam(_Eager, torch.optim.Adam):
+    """torch's Adam, the same updates, without importing ``torch._dynamo`` (:class:`_Eager`)."""
+
+    step = _step_without_grad(torch.optim.Adam.step)
+
+
+class SGD(_Eager, torch.optim.SGD):
+    """torch's SGD, the same updates, without importing ``torch._dynamo`` (:class:`_Eager`)."""
+
+    step = _step_without_grad(torch.optim.SGD.step)
+
+
+def build_optimizer(config: TrainingConfig, params: Iterable[torch.nn.Parameter]) -> Optimizer:
     """Adam or plain SGD at ``--lr``."""
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr)
-    return torch.optim.SGD(params, lr=config.lr)
+        return Adam(params, lr=config.lr)
+    return SGD(params, lr=config.lr)
 
 
 def build_scheduler(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> ReduceLROnPlateau:

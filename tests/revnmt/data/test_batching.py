@@ -219,3 +219,65 @@ def test_subset_keeps_the_chosen_pairs_and_counts_the_others_as_filtered():
         assert list(kept[j].src) == src[i] and list(kept[j].tgt) == tgt[i]
     assert list(kept.corpus_indices) == list(index + 5)
     assert len(dataset.subset(np.zeros(100, dtype=bool))) == 0
+
+
+def _batches_as_lists_of_arrays(sampler: BatchSampler, epoch: int) -> list[list[int]]:
+    """The batch order as revnmt made it before EpochBatches (an array per batch): the reference the batches of
+    a resumed or earlier run must still equal."""
+    rng = np.random.default_rng([sampler.seed, epoch])
+    lengths = np.asarray(sampler.lengths, dtype=np.int64)
+    order = rng.permutation(len(lengths)) if sampler.shuffle else np.arange(len(lengths))
+
+    def fill(order):
+        return np.split(order, sampler._cuts(order))
+
+    if not sampler.bucket:
+        batches = fill(order)
+    else:
+        batches = []
+        for start in range(0, len(order), sampler._pool_size):
+            pool = order[start: start + sampler._pool_size]
+            batches += fill(pool[np.argsort(lengths[pool], kind="stable")])
+        if sampler.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+    return [batch.tolist() for batch in batches]
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(min_value=1, max_value=60), min_size=1, max_size=3000),
+       batch_tokens=st.one_of(st.none(), st.integers(10, 400)), batch_size=st.integers(1, 50), seed=st.integers(0, 5),
+       shuffle=st.booleans(), bucket=st.booleans())
+def test_epoch_batches_are_the_batches_of_arrays_before(lengths, batch_tokens, batch_size, seed, shuffle, bucket):
+    sampler = BatchSampler(np.array(lengths, dtype=np.int32), batch_tokens=batch_tokens, batch_size=batch_size,
+                           shuffle=shuffle, seed=seed, bucket=bucket)
+    batches = sampler.batches(seed)
+    assert [batch.tolist() for batch in batches] == _batches_as_lists_of_arrays(sampler, seed)
+    assert [batch.tolist() for batch in batches[1:3]] == [batch.tolist() for batch in list(batches)[1:3]]
+    assert batches[-1].tolist() == list(batches)[-1].tolist()
+    with pytest.raises(IndexError):
+        batches[len(batches)]
+
+
+def test_an_epochs_batch_order_is_one_int32_array():
+    batches = BatchSampler(np.random.default_rng(0).integers(1, 50, size=10_000), batch_size=64).batches(1)
+    assert batches.order.dtype == np.int32 and batches.order.base is None
+    assert all(batch.base is batches.order for batch in batches)
+
+
+def test_padded_lengths_are_one_int32_array_held_once(dataset):
+    assert dataset.lengths.dtype == np.int32 and dataset.lengths is dataset.lengths
+    assert dataset.lengths.tolist() == np.maximum(dataset.src_lengths, dataset.tgt_lengths + 1).tolist()
+    assert BatchSampler(dataset.lengths, batch_size=2).lengths is dataset.lengths
+    assert [length.tolist() for length in dataset.pair_lengths(np.array([3, 0]))] == [
+        dataset.src_lengths[[3, 0]].tolist(), dataset.tgt_lengths[[3, 0]].tolist()]
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=40), data=st.data())
+def test_batch_rows_run_from_the_longest_source_ties_in_given_order(lengths, data):
+    dataset = EncodedDataset([[5] * n for n, _ in lengths], [[6] * m for _, m in lengths])
+    indices = data.draw(st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=len(lengths), unique=True))
+    batch = make_batch(dataset, np.array(indices, dtype=np.int32))
+    assert batch.indices == sorted(indices, key=lambda i: -lengths[i][0])
+    assert batch.src_len.tolist() == [lengths[i][0] for i in batch.indices]
+    assert batch.tgt_len.tolist() == [lengths[i][1] + 1 for i in batch.indices]
