@@ -269,6 +269,8 @@ def _run(config: RunConfig, job: Job) -> int:
             return USAGE_ERROR
         logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
                     trainer.state.step)
+    checkpoint = None  # restored into the model and the trainer: its own copy of the weights and Adam's state
+    # would otherwise stay resident for the whole run
     if job.is_main:
         atomic_write_text(save_dir / "config.json", json.dumps(config.options(), indent=2) + "\n")
         data.src_vocab.save(save_dir / "src.vocab")
