@@ -128,13 +128,13 @@ class ReversibleRNN(nn.Module):
     def work_bytes(self, batch: int, device: torch.device, outputs: bool = False) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
         one chunk of layer 0's input projections, every layer's copied weights (SweepWeights) and their
-        gradients, every layer's chunk of recurrent weight gradients and one reverse step's temporaries;
+        gradients, the layers' chunks of recurrent weight gradients and one reverse step's temporaries;
         with ``outputs`` (a backward sweep taking output gradients), also a chunk's states of every
         layer, their gates where fused kernels keep them (``HalfGates``) and its top-layer outputs."""
         backend = self.backend_on(device)
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
                 + sum(SweepWeights.held_bytes(cell, grads=True) for cell in self.cells)
-                + sum(RecurrentGrads.held_bytes(cell, batch, backend.weight_grad_steps) for cell in self.cells)
+                + RecurrentGrads.held_bytes(self.cells[0], batch, backend.weight_grad_steps, self.num_layers)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
         if outputs:  # the states after each step of a chunk but its first (that is the sweep's own), every output
             per_step = self.num_layers * self.state_size
