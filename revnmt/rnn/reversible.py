@@ -222,10 +222,12 @@ class ReversibleRNN(nn.Module):
         if len(inputs) != steps:
             raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
         device = mask.device
-        states = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
+        # A step makes a layer's new state as a new tensor and never writes into the old one, so the tape keeps
+        # the initial states themselves (the caller's, or zeros) for the reverse's check, not copies of them.
+        states = list(initial) if initial is not None else self.initial_state(batch, device)
         buffer = self.new_buffer(batch, device, steps) if reversible else None
         backend = self.backend_on(device)
-        tape = Tape(states=states, initial=[s.clone() for s in states], buffer=buffer, backend=backend,
+        tape = Tape(states=states, initial=list(states), buffer=buffer, backend=backend,
                     mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
                     slices=None, guard=None if reversible else OverflowGuard(device))
         if self.slice_dim:
