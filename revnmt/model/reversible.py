@@ -94,22 +94,22 @@ class ReversibleSeq2Seq(Seq2Seq):
 
         stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
         memory = self.build_memory(src, masks, stored)
-        memory_leaf = memory.detach().requires_grad_()
+        memory_grad = torch.zeros_like(memory)  # the chunks' attention adds into it (GeneralAttention.forward)
         pad_mask = (src == PAD).t()
         total = torch.zeros((), device=src.device)
-        held = self._held_bytes(src.shape[1], enc_tape, dec_tape, stored, memory)  # while the buffers are full
+        held = self._held_bytes(src.shape[1], enc_tape, dec_tape, stored, memory_grad)  # while the buffers are full
 
         def output_grads(steps: slice, outs: torch.Tensor) -> torch.Tensor:
             nonlocal total
             with torch.enable_grad():
                 query = outs.detach().requires_grad_()
-                loss = self.step_loss(query.transpose(0, 1), memory_leaf, pad_mask, masks, tgt_out[steps].t())
+                loss = self.step_loss(query.transpose(0, 1), memory, pad_mask, masks, tgt_out[steps].t(), memory_grad)
                 (loss.objective / normalizer).backward()
             total = total + loss.nll  # stays on the device: no sync per chunk
             return query.grad
 
         enc_final_grad = start.backward(self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads))
-        memory.backward(memory_leaf.grad)
+        memory.backward(memory_grad)
         self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
                                     slice_grad=None if stored is None else stored.grad)
         return StepResult(total, held)
@@ -126,15 +126,15 @@ class ReversibleSeq2Seq(Seq2Seq):
         return enc_in, dec_in, enc_tape, dec_tape, start
 
     def _held_bytes(self, batch: int, enc_tape: EncoderTape, dec_tape: Tape, stored: torch.Tensor | None,
-                    memory: torch.Tensor) -> int:
+                    memory_grad: torch.Tensor) -> int:
         """Held outside autograd's saved tensors during the backward sweeps: the tapes (buffers and int
         slices), the float slices, the gradient of the attention memory and one sweep's working set (a
         chunk of input projections and of the decoder's states and outputs with their gradients, one
         reverse step's temporaries, the logit block of a chunk's loss). The memory itself, and what
         the chunk's attention saves, are autograd's and counted there."""
-        rows, device = batch * self.decoder.chunk_steps, memory.device
+        rows, device = batch * self.decoder.chunk_steps, memory_grad.device
         decoder = self.decoder.work_bytes(batch, device, outputs=True) + rows * self.cfg.hidden_size * 4  # + grads
-        return (enc_tape.held_bytes() + dec_tape.held_bytes() + nbytes(stored) + nbytes(memory)
+        return (enc_tape.held_bytes() + dec_tape.held_bytes() + nbytes(stored) + nbytes(memory_grad)
                 + max(self.encoder.work_bytes(batch, device), decoder + self.logit_work_bytes(rows)))
 
     def forward_graph(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,

@@ -189,11 +189,12 @@ class Seq2Seq(nn.Module, ABC):
         return torch.cat(parts, dim=-1).transpose(0, 1)
 
     def step_loss(self, out: torch.Tensor, memory: torch.Tensor, pad_mask: torch.Tensor, masks: DropoutMasks,
-                  target: torch.Tensor) -> LossSums:
+                  target: torch.Tensor, memory_grad: torch.Tensor | None = None) -> LossSums:
         """Summed cross-entropy of decoder outputs ([B, H] or [B, t, H]) against ``target``: the training
-        objective (label-smoothed by ``cfg.label_smoothing``) and the unsmoothed negative log-likelihood."""
+        objective (label-smoothed by ``cfg.label_smoothing``) and the unsmoothed negative log-likelihood.
+        ``memory_grad``: where backward adds d objective / d memory, in place (``GeneralAttention.forward``)."""
         query = out if masks.out is None else out * (masks.out if out.dim() == 2 else masks.out[:, None])
-        attended = self.attention(query, memory, pad_mask)
+        attended = self.attention(query, memory, pad_mask, memory_grad)
         return linear_cross_entropy(attended.reshape(-1, attended.shape[-1]), self.generator.weight,
                                     self.generator.bias, target.reshape(-1), ignore_index=PAD,
                                     label_smoothing=self.cfg.label_smoothing)

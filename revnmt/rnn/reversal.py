@@ -67,7 +67,7 @@ class BackwardSweep:
         self.weights = [SweepWeights(cell, grads=True) for cell in rnn.cells]
         self.projection = InputProjection(self.weights[0], inputs, rnn.chunk_steps)
         chunk = min(tape.backend.weight_grad_steps, steps)
-        self.recurrent = [RecurrentGrads(cell, batch, chunk, device) for cell in rnn.cells]
+        self.recurrent = RecurrentGrads.for_layers(list(rnn.cells), batch, chunk, device)
         self.sweeps = [Sweep(tape.buffer, tape.backend.steps, self.weights[layer], rnn.stored_columns(layer),
                              grads=self.recurrent[layer]) for layer in range(rnn.num_layers)]
 

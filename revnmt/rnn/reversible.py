@@ -128,13 +128,13 @@ class ReversibleRNN(nn.Module):
     def work_bytes(self, batch: int, device: torch.device, outputs: bool = False) -> int:
         """Bytes a sweep over ``batch`` rows holds besides its tape, none of it seen by autograd:
         one chunk of layer 0's input projections, every layer's copied weights (SweepWeights) and their
-        gradients, every layer's chunk of recurrent weight gradients and one reverse step's temporaries;
+        gradients, the layers' chunks of recurrent weight gradients and one reverse step's temporaries;
         with ``outputs`` (a backward sweep taking output gradients), also a chunk's states of every
         layer, their gates where fused kernels keep them (``HalfGates``) and its top-layer outputs."""
         backend = self.backend_on(device)
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
                 + sum(SweepWeights.held_bytes(cell, grads=True) for cell in self.cells)
-                + sum(RecurrentGrads.held_bytes(cell, batch, backend.weight_grad_steps) for cell in self.cells)
+                + RecurrentGrads.held_bytes(self.cells[0], batch, backend.weight_grad_steps, self.num_layers)
                 + max(cell.reverse_work_bytes(batch) for cell in self.cells))
         if outputs:  # the states after each step of a chunk but its first (that is the sweep's own), every output
             per_step = self.num_layers * self.state_size
@@ -222,10 +222,12 @@ class ReversibleRNN(nn.Module):
         if len(inputs) != steps:
             raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
         device = mask.device
-        states = [s.clone() for s in initial] if initial is not None else self.initial_state(batch, device)
+        # A step makes a layer's new state as a new tensor and never writes into the old one, so the tape keeps
+        # the initial states themselves (the caller's, or zeros) for the reverse's check, not copies of them.
+        states = list(initial) if initial is not None else self.initial_state(batch, device)
         buffer = self.new_buffer(batch, device, steps) if reversible else None
         backend = self.backend_on(device)
-        tape = Tape(states=states, initial=[s.clone() for s in states], buffer=buffer, backend=backend,
+        tape = Tape(states=states, initial=list(states), buffer=buffer, backend=backend,
                     mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
                     slices=None, guard=None if reversible else OverflowGuard(device))
         if self.slice_dim:

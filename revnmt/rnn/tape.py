@@ -16,7 +16,7 @@ class Tape:
     """What a forward sweep keeps for the backward sweep (and nothing per step but ``slices``)."""
 
     states: list[torch.Tensor]  # final int32 state of every layer
-    initial: list[torch.Tensor]  # the true initial states, for the exactness check
+    initial: list[torch.Tensor]  # the true initial states (the tensors the sweep started from), for the exactness check
     buffer: InformationBuffer | None  # None: recorded for inference, not reversible
     backend: Backend  # where the sweep ran: the backward sweep must compute every gate the same way
     mask: torch.Tensor  # [T, B] bool, True on real tokens

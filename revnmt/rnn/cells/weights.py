@@ -107,16 +107,31 @@ class RecurrentGrads:
     one product over all of them, as layer 0's input projections do. Held memory: :meth:`held_bytes`.
     """
 
-    def __init__(self, cell: CellLayout, batch: int, steps: int, device: torch.device) -> None:
+    def __init__(self, cell: CellLayout, batch: int, steps: int, device: torch.device,
+                 shared: RecurrentGrads | None = None) -> None:
         self.cell, self.steps, self.count = cell, steps, 0
+        if shared is not None:  # another layer's chunk tensors (see for_layers)
+            self.grad_pre, self.inputs = shared.grad_pre, shared.inputs
+            return
         self.grad_pre = torch.empty(steps, batch, cell.project_width, device=device)
         # Linear-major, so that a step's input slot and a Linear's chunk of steps are both contiguous.
         self.inputs = torch.empty(len(cell.linears()), steps, batch, cell.half, device=device)
 
+    @classmethod
+    def for_layers(cls, cells: list[CellLayout], batch: int, steps: int, device: torch.device) -> list[RecurrentGrads]:
+        """One collector per layer of a stack. With chunks of one step a layer's slots go to its weights at the end
+        of each of its reverse steps, before another layer's step fills them, so the layers share one pair of chunk
+        tensors (their shapes do not depend on a layer's input size): one layer's bytes per sentence, not one per
+        layer. Longer chunks hold several steps of every layer at once, each its own."""
+        first = cls(cells[0], batch, steps, device)
+        return [first] + [cls(cell, batch, steps, device, first if steps == 1 else None) for cell in cells[1:]]
+
     @staticmethod
-    def held_bytes(cell: CellLayout, batch: int, steps: int) -> int:
-        """Bytes of the two chunk tensors (memory accounting)."""
-        return steps * batch * (cell.project_width + len(cell.linears()) * cell.half) * 4
+    def held_bytes(cell: CellLayout, batch: int, steps: int, layers: int = 1) -> int:
+        """Bytes of the chunk tensors of ``layers`` layers' collectors made by :meth:`for_layers` (memory
+        accounting)."""
+        chunks = 1 if steps == 1 else layers
+        return chunks * steps * batch * (cell.project_width + len(cell.linears()) * cell.half) * 4
 
     def next_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next step's slots: d loss / d projection [B, gate columns] and the recurrent inputs

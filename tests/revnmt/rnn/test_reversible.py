@@ -118,16 +118,21 @@ def test_reversal_with_between_layer_dropout_reuses_the_masks(cell, backend):
         _assert_close(rev[name], ref[name])
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_sweep_reconstructs_initial_state_and_empties_buffer(cell, device):
-    rnn, x, mask, *_ = _problem(cell, 2, 30, device=device)
+def test_sweep_reconstructs_initial_state_and_empties_buffer(cell, backend, device):
+    rnn, x, mask, *_ = _problem(cell, 2, 30, device=device, buffer_backend=backend)
     start = [torch.randint(-(1 << 22), 1 << 22, (4, rnn.state_size), dtype=torch.int32, device=device)
              for _ in range(2)]
     inputs = TensorInput(x)
+    before = [s.clone() for s in start]
     tape = rnn.forward_sweep(inputs, mask, initial=start)
     assert not torch.equal(tape.states[0], start[0])
+    # the tape checks against the caller's tensors themselves, not copies: no sweep writes into them
+    assert all(kept is given for kept, given in zip(tape.initial, start))
     rnn.backward_sweep(tape, inputs)  # raises unless exact
-    assert all(torch.equal(s, i) for s, i in zip(tape.states, start)) and tape.buffer.is_empty()
+    assert all(torch.equal(s, i) for s, i in zip(tape.states, before)) and tape.buffer.is_empty()
+    assert all(torch.equal(s, i) for s, i in zip(start, before))
 
 
 def test_padded_steps_leave_state_unchanged():

@@ -113,15 +113,14 @@ def test_reverse_step_working_set_is_within_its_accounting(cell, backend, method
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
 def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
-    # The reverse sweep holds a chunk of steps' gate gradients and recurrent inputs per layer (one
-    # product per weight per chunk); the memory accounting charges them.
+    # The reverse sweep holds a chunk of steps' gate gradients and recurrent inputs (one product per weight
+    # per chunk); the memory accounting charges them.
     batch, rnn = 16, ReversibleRNN(cell, 24, 40, num_layers=2)
     cpu = torch.device("cpu")
     steps = rnn.backend_on(cpu).weight_grad_steps
     assert steps == BACKENDS["numba"].weight_grad_steps
-    chunk = RecurrentGrads(rnn.cells[1], batch, steps, cpu)
-    held = RecurrentGrads.held_bytes(rnn.cells[1], batch, steps)
-    assert chunk.grad_pre.nbytes + chunk.inputs.nbytes == held
+    held = RecurrentGrads.held_bytes(rnn.cells[1], batch, steps, rnn.num_layers)
+    assert _chunk_tensor_bytes(RecurrentGrads.for_layers(list(rnn.cells), batch, steps, cpu)) == held
     # So are every layer's weights, copied for the sweep, their transposes and the input gradients: every
     # tensor a SweepWeights holds but the bias gradient's vector of ones (one float per row).
     weights = [SweepWeights(c, grads=True) for c in rnn.cells]
@@ -129,7 +128,24 @@ def test_weight_gradient_chunks_are_charged_to_the_sweep(cell):
     without = (InputProjection.held_bytes(rnn.cells[0], batch, rnn.chunk_steps)
                + sum(SweepWeights.held_bytes(c, grads=True) for c in rnn.cells)
                + max(c.reverse_work_bytes(batch) for c in rnn.cells))
-    assert rnn.work_bytes(batch, cpu) == without + 2 * held
+    assert rnn.work_bytes(batch, cpu) == without + held
+
+
+def _chunk_tensor_bytes(collectors: list[RecurrentGrads]) -> int:
+    """Bytes of the distinct chunk tensors of a stack's collectors."""
+    storages = {t.untyped_storage().data_ptr(): t.nbytes for c in collectors for t in (c.grad_pre, c.inputs)}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_layers_share_weight_gradient_chunks_of_one_step(steps):
+    # Chunks of one step go to the weights after every layer's step: the layers then share one chunk, and a sweep
+    # holds one layer's bytes per sentence; longer chunks hold every layer's steps at once.
+    batch, rnn = 16, ReversibleRNN("revgru", 24, 40, num_layers=3)
+    collectors = RecurrentGrads.for_layers(list(rnn.cells), batch, steps, torch.device("cpu"))
+    one = RecurrentGrads.held_bytes(rnn.cells[0], batch, steps)
+    assert _chunk_tensor_bytes(collectors) == (one if steps == 1 else 3 * one)
+    assert [c.cell for c in collectors] == list(rnn.cells)
 
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
