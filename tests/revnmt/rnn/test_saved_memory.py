@@ -2,13 +2,11 @@
 reverse step's working set stays within what the memory accounting charges for it."""
 
 import math
-import weakref
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from benchmarks.step_memory import LiveBytesBySite
 from revnmt.memory import SavedTensorMeter
 from revnmt.rnn import ReversibleRNN, TensorInput
 from revnmt.rnn.backends import BACKENDS
@@ -44,36 +42,6 @@ def test_saved_bytes_do_not_grow_with_sequence_length(cell):
     assert ordinary_long > 3.5 * ordinary_short and ordinary_long > 20 * long
 
 
-class _LiveTensorMeter(TorchDispatchMode):
-    """Peak bytes of the tensor storages created inside the context and still alive (CPU has no
-    allocator statistics): every op's outputs that are not views of its inputs are new storages."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
-                  if isinstance(a, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key = storage.data_ptr()
-            if key in self.live or key in inputs or storage.nbytes() == 0:
-                continue
-            self.live[key] = storage.nbytes()
-            self.current += storage.nbytes()
-            self.peak = max(self.peak, self.current)
-            weakref.finalize(storage, self._free, key)
-        return out
-
-    def _free(self, key: int) -> None:
-        self.current -= self.live.pop(key, 0)
-
-
 # Bytes per [batch, half] element of the numpy scratch the numba backend's fused reverse kernels allocate,
 # which the meter does not see: their gates, numerators and terms (RevGRU: g, z*, u; RevLSTM: five gates,
 # tanh of c, z* and u of both updates), and the buffer pop's copies (h − u, folded h and z*, the active
@@ -94,7 +62,7 @@ def test_reverse_step_working_set_is_within_its_accounting(cell, backend, method
     step = getattr(layer, method)
 
     def metered(*args, **kwargs):
-        with _LiveTensorMeter() as meter:
+        with LiveBytesBySite() as meter:
             result = step(*args, **kwargs)
         peaks.append(meter.peak)
         return result
