@@ -417,8 +417,9 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _row_mask(mask: torch.Tensor) -> torch.Tensor:
-    """A step's row mask [B] as the kernels read it: B adjacent booleans."""
-    if mask.stride(0) != 1:
+    """A step's row mask [B] as the kernels read it: B adjacent booleans (one row has no stride to speak of:
+    a one-sentence batch's row of a [T, 1] mask is contiguous to torch whatever its stride says)."""
+    if mask.shape[0] > 1 and mask.stride(0) != 1:
         raise ValueError(f"the triton step kernels need a mask of adjacent rows, got stride {mask.stride(0)}")
     return mask
 

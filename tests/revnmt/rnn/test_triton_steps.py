@@ -311,6 +311,19 @@ def test_a_mask_of_strided_rows_is_refused():
         TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, strided, 0, MAX_BITS, *out.split(H, 1))
 
 
+def test_a_one_row_mask_is_taken_whatever_its_stride():
+    # A one-sentence batch (the budget planner probes one): its [T, 1] mask is contiguous to torch, so a step's
+    # row keeps the stride T of the batch-major mask it was transposed from. One row reads one boolean.
+    buf = InformationBuffer(1, 2, DEVICE, MAX_BITS, backend="triton", eager_checks=False)
+    h = torch.zeros(1, H, dtype=torch.int32, device=DEVICE)
+    pre, proj = torch.randn(1, 5 * H, device=DEVICE), torch.randn(1, 5 * H, device=DEVICE)
+    out = torch.empty(1, 2 * H, dtype=torch.int32, device=DEVICE)
+    row = torch.ones(1, 4, dtype=torch.bool, device=DEVICE).t().contiguous()[0]
+    assert row.stride(0) == 4
+    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, row, 0, MAX_BITS, *out.split(H, 1))
+    assert buf.pushes > 0
+
+
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
 def test_triton_sweep_is_exact_and_its_gradients_match_autograd(cell):
     # Padding in three rows and a stored slice: the backward sweep's guard
