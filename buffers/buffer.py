@@ -47,7 +47,7 @@ class InformationBuffer:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
         # canonical, as tensors report it ("cuda" becomes "cuda:0"), so the device checks compare like with like
         self.device = torch.empty(0, device=device if device is not None else "cpu").device
-        self.backend = backends.create(backend, self.device, batch * units)
+        self.backend = backends.create(backend, self.device)
         self.batch, self.units, self.share_rows, self.max_bits = batch, units, share_rows, max_bits
         eager = self.device.type == "cpu" if eager_checks is None else eager_checks
         self.words = WordStack(batch, units, self.device, max_bits, share_rows, eager)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one command (about 7 minutes on one H200; the steps' time limits bound it at 12):
+# Everything that needs a GPU, in one command (about 10 minutes on one H100 or H200; the steps' time limits bound it
+# at 15):
 #   bash scripts/gpu_check.sh OUTDIR [all|checks|timings]   (default all)
 # Checks, run side by side (they time nothing):
 # 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps,
@@ -12,7 +13,9 @@
 # 5. the paper's IWSLT-size model (2+2 layers, 600 units, 600-dim embeddings, 60 slice units) on Multi30K:
 #    revnmt-train's own tokens/s against the cuDNN GRU's (benchmarks/train_speed.py --device cuda), and
 #    revnmt-memory's report with the token batch that fits 8 GiB of the allocator's reserved memory. Needs
-#    Multi30K (REVNMT_DATA or ./data/multi30k; skipped where neither has it: there is no download on a GPU node).
+#    Multi30K (REVNMT_DATA or ./data/multi30k; skipped where neither has it: there is no download on a GPU node);
+# 6. the IWSLT-size step as the batch grows, 64 to 32,768 sentences, GRU on cuDNN against RevGRU
+#    (benchmarks/batch_scaling.py: step time, tokens/s, allocator peak).
 # Every step has a time limit (seconds, in LIMITS below); a step past it counts as failed (exit 124).
 # Writes a log and JSON per step into OUTDIR and a summary, OUTDIR/gpu_check.json; exits 1 if a step failed.
 # Uses .venv if there is one (bash scripts/setup.sh dev), else the python3 on PATH with torch and triton.
@@ -43,7 +46,7 @@ PY
 cat "$out/device.json"
 
 declare -A LIMITS=([tests]=300 [kernels]=150 [hogwild]=150 [torchrun]=150 [layers]=90 [iwslt-speed]=150
-                   [iwslt-memory]=180)
+                   [iwslt-memory]=180 [batch-scale]=170)
 step() {  # step NAME COMMAND...: run it under its time limit, log to OUTDIR/NAME.log, write OUTDIR/NAME.status
     local name=$1
     shift
@@ -99,6 +102,7 @@ if [ "$what" != checks ]; then
     else
         echo "== iwslt: skipped, Multi30K not found (set REVNMT_DATA)"
     fi
+    step batch-scale "$py" benchmarks/batch_scaling.py --device cuda --deadline 140 --json "$out/batch-scale.json"
 fi
 rm -rf "$out/runs" "$out/prepared" "$toy"  # checkpoints are large and prove nothing the logs do not
 

@@ -90,8 +90,8 @@ def resolve(name: str, device: torch.device | str) -> str:
     return name
 
 
-def create(name: str, device: torch.device | str, lanes: int) -> BufferBackend:
-    """The backend ``name`` (or ``"auto"``) for a buffer of ``lanes`` lanes in all on ``device``."""
+def create(name: str, device: torch.device | str) -> BufferBackend:
+    """The backend ``name`` (or ``"auto"``) for a buffer on ``device``."""
     name = resolve(name, device)
     # Imported on demand: numba compiles, and triton is absent from CPU installs without the gpu extra.
     if name == "numba":
@@ -101,7 +101,7 @@ def create(name: str, device: torch.device | str, lanes: int) -> BufferBackend:
     if name == "triton":
         from .triton_kernels import TritonBackend
 
-        return TritonBackend(lanes)
+        return TritonBackend()
     from .tensor_ops import TorchBackend
 
     return TorchBackend()

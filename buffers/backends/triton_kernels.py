@@ -10,14 +10,18 @@ products where they would be loaded (:mod:`revnmt.rnn.kernels.triton_steps`), so
 this backend makes from the same z and u. The host keeps the books of a fused call through
 :mod:`buffers.fused`.
 
-A walk is a single program that holds the live slab (all lane rows × lanes) in registers and walks
-the update's chunks in order, as the numba loops do: the overflow decision of a chunk is a reduction
-over the whole slab and changes what the next chunk sees, so the chunks of one update cannot run in
-parallel. The stored columns, which skip the buffer, take the plain floor product. The walk adds,
+A walk is a single program that walks the update's chunks in order, as the numba loops do: the
+overflow decision of a chunk is a reduction over the whole slab (all lane rows × lanes) and changes
+what the next chunk sees, so the chunks of one update cannot run in parallel. The live slab stays in
+``words.curr`` and the program goes over it in tiles of at most ``_LANE_TILE`` lanes, twice a chunk
+(the reduction, then the update): one compiled kernel serves every batch size, where a slab held whole
+in registers compiled anew for every power of two and spilled once it was large (a 2,048-sentence
+batch, 32,768 lanes, took minutes to compile and seconds a step). The stored columns, which skip the
+buffer, take the plain floor product. The walk adds,
 and checks every int32 range, writing an error code to ``words.status`` instead of raising, so that
 nothing is read on the host per step. The stack height ``top`` stays on the device; the host sizes
-the stack from the proven bound (:mod:`buffers.words`). A kernel opens the slab, runs its walks and
-closes it (:func:`open_slab`, :func:`close_slab`).
+the stack from the proven bound (:mod:`buffers.words`). A kernel reads the height and starts its error code
+(:func:`open_slab`), runs its walks and stores them (:func:`close_slab`).
 
 The arithmetic is integer and exact, so it is the same on any device; the tests run these kernels
 under ``TRITON_INTERPRET=1`` on CPU tensors and compare them bit for bit with the numba and torch
@@ -54,6 +58,7 @@ STATE_OVERFLOW = tl.constexpr(wordstack.STATE_OVERFLOW)
 OUT_OF_RANGE = tl.constexpr(wordstack.OUT_OF_RANGE)
 
 _ELEMENT_BLOCK = 1024  # elements per iteration over the stored columns
+_LANE_TILE = 4096  # lanes of the slab per iteration of a walk's chunk: 8 a thread with 16 warps
 
 
 # ---------------------------------------------------------------------------- fixed point
@@ -139,17 +144,14 @@ def _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored):
 
 
 @triton.jit
-def open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
-    """The live slab of words, the stack height and the error code (none yet), as a kernel's walks start."""
-    lane = tl.arange(0, LANE_BLOCK)
-    return tl.load(curr_ptr + lane, mask=lane < lane_rows * lanes, other=0), tl.load(top_ptr), tl.full([], 0, tl.int32)
+def open_slab(top_ptr):
+    """The stack height and the error code (none yet), as a kernel's walks start."""
+    return tl.load(top_ptr), tl.full([], 0, tl.int32)
 
 
 @triton.jit
-def close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK: tl.constexpr):
-    """Store the slab, the height and the error code (the largest so far) as a kernel's walks end."""
-    lane = tl.arange(0, LANE_BLOCK)
-    tl.store(curr_ptr + lane, cur, mask=lane < lane_rows * lanes)
+def close_slab(top_ptr, status_ptr, top, status):
+    """Store the height and the error code (the largest so far) as a kernel's walks end."""
     tl.store(top_ptr, top)
     tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
 
@@ -158,34 +160,30 @@ def close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes
 
 
 @triton.jit
-def _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, flag_ptr):
-    """One chunk of a push onto the live slab ``cur`` (stack height ``top``): (floor(h·z*/2^R_Z) on the
-    active lanes, h elsewhere; the new slab; the new height). The chunk's overflow flag goes to ``flag_ptr``.
-    """
-    # All lanes grow together when any active lane's live word could overflow (see words.py).
-    overflow = tl.max(tl.where(active & (cur >= WORD_LIMIT), 1, 0), axis=0) > 0
-    tl.store(stack_ptr + top * slab + lane, cur, mask=tl.where(overflow, lane_ok, False))
-    cur = tl.where(overflow, 0, cur)
-    top += overflow.to(tl.int64)
-    tl.store(flag_ptr, overflow)
-    # Algorithm 1 (buffers.multiply.mul_exact); b1 ≥ 0 and z* > 0, so // and % are the floor ones.
+def _push_lanes(hv, zq, active, cur):
+    """Algorithm 1 (buffers.multiply.mul_exact) on a tile of lanes whose live words are ``cur``:
+    (floor(h·z*/2^R_Z) on the active lanes, h elsewhere; the new words)."""
+    # b1 ≥ 0 and z* > 0, so // and % are the floor ones.
     b1 = cur * FORGET_ONE + (hv & (FORGET_ONE - 1))
     product = tl.where(active, (hv >> FORGET_RADIX) * zq + b1 % zq, hv)
-    return product, tl.where(active, b1 // zq, cur), top
+    return product, tl.where(active, b1 // zq, cur)
 
 
 @triton.jit
-def _pop_chunk(before, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, flag_ptr):
-    """The inverse of :func:`_push_chunk` on ``before`` = its product (h − u): (the h it was made from on
-    the active lanes, ``before`` elsewhere; the slab; the height), undoing the slab push ``flag_ptr`` records."""
+def _pop_lanes(before, zq, active, cur):
+    """The inverse of :func:`_push_lanes` on ``before`` = its product (h − u): (the h it was made from on
+    the active lanes, ``before`` elsewhere; the words before the push)."""
     # The inverse of Algorithm 1 (buffers.multiply.div_exact); ``before`` may be negative.
     q, r = _floor_divmod(before, zq)
     b1 = cur * zq + r
     value = tl.where(active, q * FORGET_ONE + (b1 & (FORGET_ONE - 1)), before)
-    cur = tl.where(active, b1 >> FORGET_RADIX, cur)
-    overflow = tl.load(flag_ptr) != 0
-    below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
-    return value, tl.where(overflow, below, cur), top - overflow.to(tl.int64)
+    return value, tl.where(active, b1 >> FORGET_RADIX, cur)
+
+
+@triton.jit
+def _live(mask_ptr, m_rs, m_cs, b, col, valid):
+    """Which lanes (b, col) are on live (unpadded) rows."""
+    return tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
 
 
 @triton.jit
@@ -196,7 +194,7 @@ def _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m
     ``terms(args, b, col, valid)`` returns (z, u, ...): with GATES float gates, quantized here
     (:func:`fixed_terms`); without, z* and u as int64, taken as they are (the caller checked them).
     """
-    live = tl.load(mask_ptr + b * m_rs + col * m_cs, mask=valid, other=0) != 0
+    live = _live(mask_ptr, m_rs, m_cs, b, col, valid)
     hv = tl.load(h_ptr + b * h_rs + col * h_cs, mask=valid, other=0).to(tl.int64)
     gates = terms(args, b, col, valid)
     if GATES:
@@ -207,15 +205,15 @@ def _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m
 
 
 @triton.jit
-def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, stack_ptr, flags_ptr,
-              lost_table_ptr, cur, top, status, batch, width, stored, lane_rows, lanes, min_numerator,
+def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, curr_ptr, stack_ptr,
+              flags_ptr, lost_table_ptr, top, status, batch, width, stored, lane_rows, lanes, min_numerator,
               GATES: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """h ← z·h + u for one update of a [batch, width] state into ``out``: the first ``stored`` columns by
-    the floor product, the rest through the buffer, one chunk after another onto the slab ``cur`` (stack
-    height ``top``), the first chunk's overflow flag at ``flags_ptr``. z and u come from ``terms`` (see
+    the floor product, the rest through the buffer, one chunk after another onto the slab at ``curr_ptr``
+    (stack height ``top``), the first chunk's overflow flag at ``flags_ptr``. z and u come from ``terms`` (see
     :func:`_lane_terms`); ``mask`` marks the live lanes (strided as h is, or a row mask: column stride 0). With
-    FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (slab, height, bits
-    destroyed, error code)."""
+    FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (height, bits destroyed,
+    error code)."""
     for start in range(0, batch * stored, ELEMENT_BLOCK):
         ok, b, col = elements(start, batch, stored, ELEMENT_BLOCK)
         live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, ok, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs,
@@ -229,36 +227,54 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
 
     slab = lane_rows * lanes
-    lane = tl.arange(0, LANE_BLOCK)
-    lane_ok = lane < slab
     buffered = width - stored
     folded_width = batch * buffered // lane_rows
     lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
     for c in range(0, tl.cdiv(folded_width, lanes)):
-        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
-                                                 m_cs, min_numerator, GATES)
-        active = valid & live
-        product, cur, top = _push_chunk(hv, zq, active, cur, top, lane, lane_ok, slab, stack_ptr, flags_ptr + c)
-        value = product + ui
-        bad = _outside_int32(value, valid)
-        value = tl.where(bad, 0, value)
-        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
-        if FLOAT:
-            tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
-        lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-    return cur, top, tl.sum(lost, axis=0), status
+        # All lanes grow together when any active lane's live word could overflow (see words.py): a
+        # reduction over the whole slab, tile by tile, before any word of the chunk changes.
+        full = tl.zeros((LANE_BLOCK,), dtype=tl.int32)
+        for tile in range(0, slab, LANE_BLOCK):
+            lane = tile + tl.arange(0, LANE_BLOCK)
+            lane_ok = lane < slab
+            valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+            cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
+            full = tl.maximum(full, tl.where(valid & _live(mask_ptr, m_rs, m_cs, b, col, valid) & (cur >= WORD_LIMIT),
+                                             1, 0))
+        overflow = tl.max(full, axis=0) > 0
+        tl.store(flags_ptr + c, overflow)
+        for tile in range(0, slab, LANE_BLOCK):
+            lane = tile + tl.arange(0, LANE_BLOCK)
+            lane_ok = lane < slab
+            valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+            live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
+                                                     m_cs, min_numerator, GATES)
+            active = valid & live
+            cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
+            tl.store(stack_ptr + top * slab + lane, cur, mask=tl.where(overflow, lane_ok, False))
+            product, cur = _push_lanes(hv, zq, active, tl.where(overflow, 0, cur))
+            tl.store(curr_ptr + lane, cur, mask=lane_ok)
+            value = product + ui
+            bad = _outside_int32(value, valid)
+            value = tl.where(bad, 0, value)
+            tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
+            if FLOAT:
+                tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
+            lost += tl.where(active, tl.load(lost_table_ptr + zq, mask=active, other=0.0), 0.0)
+            status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+        top += overflow.to(tl.int64)
+        tl.debug_barrier()  # the next chunk's reduction reads the words this one wrote, across threads
+    return top, tl.sum(lost, axis=0), status
 
 
 @triton.jit
 def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, restore_ptr,
-             restore_rs, stack_ptr, flags_ptr, cur, top, status, batch, width, stored, lane_rows, lanes, min_numerator,
-             GATES: tl.constexpr, RESTORE: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
-             ELEMENT_BLOCK: tl.constexpr):
+             restore_rs, curr_ptr, stack_ptr, flags_ptr, top, status, batch, width, stored, lane_rows, lanes,
+             min_numerator, GATES: tl.constexpr, RESTORE: tl.constexpr, FLOAT: tl.constexpr,
+             LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """The exact inverse of :func:`push_walk` with the same z and u, the chunks popped last first, but for
     the stored columns: they get h − u, or with RESTORE their previous values, copied from ``restore``
-    (where the caller kept them). Returns (slab, height, error code)."""
+    (where the caller kept them). Returns (height, error code)."""
     for start in range(0, batch * stored, ELEMENT_BLOCK):
         ok, b, col = elements(start, batch, stored, ELEMENT_BLOCK)
         if RESTORE:
@@ -275,27 +291,33 @@ def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_
             tl.store(float_ptr + b * width + col, to_float(value), mask=ok)
 
     slab = lane_rows * lanes
-    lane = tl.arange(0, LANE_BLOCK)
-    lane_ok = lane < slab
     buffered = width - stored
     folded_width = batch * buffered // lane_rows
     chunks = tl.cdiv(folded_width, lanes)
     for back in range(0, chunks):
         c = chunks - 1 - back
-        valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
-        live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
-                                                 m_cs, min_numerator, GATES)
-        active = valid & live
-        before = hv - ui
-        bad = _outside_int32(before, valid)
-        value, cur, top = _pop_chunk(tl.where(bad, 0, before), zq, active, cur, top, lane, lane_ok, slab, stack_ptr,
-                                     flags_ptr + c)
-        tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
-        if FLOAT:
-            tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
-        status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
-        status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
-    return cur, top, status
+        overflow = tl.load(flags_ptr + c) != 0  # the push's decision: no reduction to redo
+        for tile in range(0, slab, LANE_BLOCK):
+            lane = tile + tl.arange(0, LANE_BLOCK)
+            lane_ok = lane < slab
+            valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+            live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
+                                                     m_cs, min_numerator, GATES)
+            active = valid & live
+            before = hv - ui
+            bad = _outside_int32(before, valid)
+            value, cur = _pop_lanes(tl.where(bad, 0, before), zq, active,
+                                    tl.load(curr_ptr + lane, mask=lane_ok, other=0))
+            below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
+            tl.store(curr_ptr + lane, tl.where(overflow, below, cur), mask=lane_ok)
+            tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
+            if FLOAT:
+                tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
+            status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
+            status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
+        top -= overflow.to(tl.int64)
+        tl.debug_barrier()  # a tile's lanes are the same threads' in every chunk; kept for any layout
+    return top, status
 
 
 # ---------------------------------------------------------------------------- the buffer's kernels
@@ -321,14 +343,14 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
                  batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
                  GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """h ← z·h + u for one update (``out`` is [batch, width], contiguous)."""
-    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-    cur, top, lost, status = push_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
-                                       mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, stack_ptr, flags_ptr + first_flag,
-                                       lost_table_ptr, cur, top, status, batch, width, stored, lane_rows, lanes,
-                                       min_numerator, GATES=GATES, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
-                                       ELEMENT_BLOCK=ELEMENT_BLOCK)
+    top, status = open_slab(top_ptr)
+    top, lost, status = push_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
+                                  mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, curr_ptr, stack_ptr,
+                                  flags_ptr + first_flag, lost_table_ptr, top, status, batch, width, stored, lane_rows,
+                                  lanes, min_numerator, GATES=GATES, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
+                                  ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr, lost)
-    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+    close_slab(top_ptr, status_ptr, top, status)
 
 
 @triton.jit
@@ -337,13 +359,13 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
                 batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
                 GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """The exact inverse of :func:`_push_kernel`, but for the stored columns, which get h − u."""
-    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-    cur, top, status = pop_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
-                                mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, out_ptr, width, stack_ptr,
-                                flags_ptr + first_flag, cur, top, status, batch, width, stored, lane_rows, lanes,
-                                min_numerator, GATES=GATES, RESTORE=False, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
-                                ELEMENT_BLOCK=ELEMENT_BLOCK)
-    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+    top, status = open_slab(top_ptr)
+    top, status = pop_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
+                           mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, out_ptr, width, curr_ptr, stack_ptr,
+                           flags_ptr + first_flag, top, status, batch, width, stored, lane_rows, lanes,
+                           min_numerator, GATES=GATES, RESTORE=False, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
+                           ELEMENT_BLOCK=ELEMENT_BLOCK)
+    close_slab(top_ptr, status_ptr, top, status)
 
 
 #: Compiler options every launch pins. No contraction of a·b + c into an FMA: the kernels' float
@@ -353,8 +375,8 @@ COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
 def launch_options(lanes: int) -> dict:
-    """Constexprs and launch options for a slab of ``lanes`` lanes (one program holds them all)."""
-    block = triton.next_power_of_2(lanes)
+    """Constexprs and launch options for a slab of ``lanes`` lanes (one program walks them a tile at a time)."""
+    block = min(triton.next_power_of_2(lanes), _LANE_TILE)
     return dict(LANE_BLOCK=block, ELEMENT_BLOCK=_ELEMENT_BLOCK, num_warps=max(4, min(16, block // 256)),
                 **COMPILE_OPTIONS)
 
@@ -393,12 +415,6 @@ class TritonBackend(BufferBackend):
     """One kernel launch per update (``push_update``/``pop_update``) or per group (``push_mul``/``pop_div``)."""
 
     name = "triton"
-
-    def __init__(self, lanes: int) -> None:
-        if lanes > tl.TRITON_MAX_TENSOR_NUMEL:
-            raise ValueError(f"the triton buffer backend holds all {lanes} lanes of a buffer (batch x lanes per row) "
-                             f"in one program, at most {tl.TRITON_MAX_TENSOR_NUMEL}: use a smaller batch or fewer "
-                             "--buffer-lanes")
 
     def push_mul(self, words, h, zl, active, first_flag):
         return self._push(words, h, zl, zl, _lanes_mask(h, active), 0, first_flag, gates=False)

@@ -408,9 +408,33 @@ def test_backend_choice_is_checked():
 
 
 @pytest.mark.skipif(len(CPU_BACKENDS) < 3, reason="triton is not installed, or CUDA runs the real kernels")
-def test_triton_says_when_a_buffer_is_too_large_for_one_program():
-    with pytest.raises(ValueError, match="one program"):
-        InformationBuffer(2 ** 17, 16, backend="triton")
+def test_triton_walks_a_slab_of_several_tiles_bit_for_bit():
+    # The Triton walks take the slab in tiles of 4,096 lanes: 300 rows of 16 lanes are two, and lane (r, k) always
+    # holds row r. Only the rows past 256 (the second tile) forget, so only that tile's words overflow: each chunk's
+    # decision must be a reduction over every tile, and every tile must push and pop with it.
+    batch, units, width, stored = 300, 16, 40, 5
+    gen = torch.Generator().manual_seed(0)
+    bufs = [InformationBuffer(batch, units, backend=b, eager_checks=False) for b in CPU_BACKENDS]
+    forgets = torch.arange(batch)[:, None] >= 256
+    h, history = _random_state(gen, batch, width, "cpu") >> 3, []
+    for _ in range(6):
+        z = torch.where(forgets, torch.rand(batch, width, generator=gen) * 0.01, 1.0)
+        u, mask = torch.randn(batch, width, generator=gen), torch.rand(batch, generator=gen) < 0.9
+        outs = [buf.push_update(h, z, u, mask, stored) for buf in bufs]
+        assert all(torch.equal(out, outs[0]) for out in outs)
+        history.append((z, u, mask, h))
+        h = outs[0]
+    assert int(bufs[0].words.top) > 0  # the slab overflowed onto the stack
+    for buf in bufs[1:]:
+        _assert_same_words(buf, bufs[0])
+    for z, u, mask, before in reversed(history):
+        outs = [buf.pop_update(h, z, u, mask, stored) for buf in bufs]
+        assert all(torch.equal(out, outs[0]) for out in outs)
+        assert torch.equal(outs[0][:, stored:], before[:, stored:])
+        h = before
+    for buf in bufs:
+        buf.check()
+        assert buf.is_empty()
 
 
 def test_triton_needs_cuda_or_the_interpreter(monkeypatch):

@@ -239,14 +239,14 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy."""
     gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
-    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
+    top, status = open_slab(top_ptr)
     # h's columns are adjacent; the row mask applies across a row (column stride 0).
-    cur, top, lost, status = push_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
-                                       stack_ptr, flags_ptr + first_flag, lost_table_ptr, cur, top, status, batch,
-                                       half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
-                                       LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    top, lost, status = push_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
+                                  curr_ptr, stack_ptr, flags_ptr + first_flag, lost_table_ptr, top, status, batch,
+                                  half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
+                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr, lost)
-    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+    close_slab(top_ptr, status_ptr, top, status)
 
 
 @triton.jit
@@ -263,12 +263,12 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
     to ``float_ptr``."""
     gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
     if POP:
-        cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-        cur, top, status = pop_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_ptr, prev_rs, float_ptr,
-                                    restore_ptr, restore_rs, stack_ptr, flags_ptr + first_flag, cur, top, status,
-                                    batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
-                                    FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-        close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+        top, status = open_slab(top_ptr)
+        top, status = pop_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_ptr, prev_rs, float_ptr,
+                               restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + first_flag, top, status,
+                               batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
+                               FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        close_slab(top_ptr, status_ptr, top, status)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
         for start in range(0, batch * half, ELEMENT_BLOCK):
@@ -334,19 +334,19 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_
     destroyed go to ``lost`` [2] (c's, h's)."""
     cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
     hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, out_c_ptr, out_rs)
-    cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-    cur, top, lost, status = push_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
-                                       float_ptr, stack_ptr, flags_ptr + flag_c, lost_table_ptr, cur, top, status,
-                                       batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, FLOAT=False,
-                                       LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    top, status = open_slab(top_ptr)
+    top, lost, status = push_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
+                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + flag_c, lost_table_ptr, top, status,
+                                  batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, FLOAT=False,
+                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr, lost)
     tl.debug_barrier()  # h's terms read the new cell that other threads wrote
-    cur, top, lost, status = push_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
-                                       float_ptr, stack_ptr, flags_ptr + flag_h, lost_table_ptr, cur, top, status,
-                                       batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
-                                       LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    top, lost, status = push_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
+                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + flag_h, lost_table_ptr, top, status,
+                                  batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
+                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr + 1, lost)
-    close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+    close_slab(top_ptr, status_ptr, top, status)
 
 
 @triton.jit
@@ -365,16 +365,16 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr,
     cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
     hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs)
     if POP:
-        cur, top, status = open_slab(curr_ptr, top_ptr, lane_rows, lanes, LANE_BLOCK)
-        cur, top, status = pop_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_h_ptr,
-                                    prev_h_rs, float_ptr, restore_ptr, restore_rs, stack_ptr, flags_ptr + flag_h, cur,
-                                    top, status, batch, half, stored, lane_rows, lanes, min_numerator, GATES=True,
-                                    RESTORE=True, FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-        cur, top, status = pop_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, prev_c_ptr, prev_c_rs,
-                                    float_ptr, restore_ptr, restore_rs, stack_ptr, flags_ptr + flag_c, cur, top,
-                                    status, batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
-                                    FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-        close_slab(curr_ptr, top_ptr, status_ptr, cur, top, status, lane_rows, lanes, LANE_BLOCK)
+        top, status = open_slab(top_ptr)
+        top, status = pop_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_h_ptr,
+                               prev_h_rs, float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + flag_h,
+                               top, status, batch, half, stored, lane_rows, lanes, min_numerator, GATES=True,
+                               RESTORE=True, FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        top, status = pop_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, prev_c_ptr, prev_c_rs,
+                               float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + flag_c, top,
+                               status, batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
+                               FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        close_slab(top_ptr, status_ptr, top, status)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
         for start in range(0, batch * half, ELEMENT_BLOCK):

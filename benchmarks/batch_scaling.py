@@ -1,0 +1,112 @@
+"""Step time and memory as the batch grows: a reversible model against its ordinary twin, one training step each.
+
+    python benchmarks/batch_scaling.py --device cuda [--rnn gru revgru] [--sentences 64 512 2048 8192 32768]
+        [--lengths 25 10] [--deadline 140] [--json FILE]
+
+For every model, length and batch size (sentences) it times a training step (forward and backward, no optimizer
+update) on the budget planner's synthetic batches (``revnmt.memory.budget.synthetic_batch``): the first step, which
+compiles what compiles lazily (Triton's kernels on CUDA), and the median of the next three, with the target tokens
+per second and the CUDA allocator's peak allocated bytes (on CPU: ``null``). The model is the paper's IWSLT size
+unless given (2 layers, 600 units, 600-dim embeddings, ``emb+slice`` with 60 slice units for the reversible cells,
+``hidden`` attention for the ordinary ones), Multi30K's vocabularies. A batch that runs out of memory ends that
+model's sweep at that length; so does a first step over 90 s, and ``--deadline`` seconds end the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from revnmt.memory.budget import synthetic_batch
+from revnmt.model import ModelConfig, build_model
+
+_SLOW_FIRST_STEP = 90.0  # seconds: larger batches would take longer still
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(model, sentences: int, length: int, device: torch.device, steps: int = 4) -> list[float]:
+    """Seconds of each of ``steps`` training steps on one synthetic batch (fewer if the first is very slow)."""
+    cfg = model.cfg
+    batch = synthetic_batch(sentences, length, cfg.src_vocab, cfg.tgt_vocab, device)
+    tensors = (batch.src, batch.src_len, batch.tgt_in, batch.tgt_out)
+    times = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        start = time.perf_counter()
+        model.train_step(*tensors, normalizer=float(batch.n_tokens))
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        if times[0] > _SLOW_FIRST_STEP:
+            break
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rnn", nargs="+", default=["gru", "revgru"])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--emb-dim", type=int, default=600)
+    parser.add_argument("--hidden-size", type=int, default=600)
+    parser.add_argument("--slice-dim", type=int, default=60)
+    parser.add_argument("--src-vocab", type=int, default=5896)
+    parser.add_argument("--tgt-vocab", type=int, default=7886)
+    parser.add_argument("--sentences", type=int, nargs="+", default=[64, 512, 2048, 8192, 32768])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[25, 10])
+    parser.add_argument("--deadline", type=float, default=float("inf"), help="seconds; no new batch after them")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    deadline = time.time() + args.deadline
+    rows = []
+    for rnn in args.rnn:
+        torch.manual_seed(0)
+        attention = "emb+slice" if rnn.startswith("rev") else "hidden"
+        model = build_model(ModelConfig(rnn=rnn, emb_dim=args.emb_dim, hidden_size=args.hidden_size,
+                                        layers=args.layers, attention=attention, slice_dim=args.slice_dim,
+                                        src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab)).to(device)
+        model.train()
+        for length in args.lengths:
+            for sentences in args.sentences:
+                if time.time() > deadline:
+                    break
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    times = time_steps(model, sentences, length, device)
+                except torch.OutOfMemoryError as error:
+                    print(f"{rnn:8s} {sentences:6d} x {length:3d}: out of memory ({str(error).splitlines()[0][:80]})",
+                          flush=True)
+                    break
+                step = statistics.median(times[1:]) if len(times) > 1 else None
+                peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+                rows.append({"rnn": rnn, "sentences": sentences, "length": length, "first_step_s": times[0],
+                             "step_s": step, "tokens_per_s": sentences * length / step if step else None,
+                             "peak_allocated_bytes": peak})
+                figures = (f"step {step * 1e3:9.1f} ms  {sentences * length / step:10,.0f} tok/s" if step
+                           else "(first step too slow to go on)")
+                memory = f"  peak {peak / 2 ** 20:9,.0f} MiB" if peak is not None else ""
+                print(f"{rnn:8s} {sentences:6d} x {length:3d}: first {times[0]:7.2f} s  {figures}{memory}", flush=True)
+                if step is None:
+                    break
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k != "json"}
+        config["deadline"] = None if args.deadline == float("inf") else args.deadline
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        args.json.write_text(json.dumps({"device": name, "config": config, "steps": rows}, indent=2) + "\n")
+
+if __name__ == "__main__":
+    main()
