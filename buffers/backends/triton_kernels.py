@@ -129,18 +129,21 @@ def elements(start, batch, columns, ELEMENT_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored):
-    """Where lane ``lane`` takes its column of chunk ``c``: (valid, row, column of [batch, width]).
+def _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored, LANE_BLOCK: tl.constexpr):
+    """The tile of the slab's lanes from lane ``tile`` on, and where each takes its column of chunk ``c``:
+    (lane, lane in the slab, valid, row, column of [batch, width]).
 
     The buffered columns of all rows, read row after row, are folded onto the lane rows: lane
     (r, k) of chunk c takes folded column j = c·lanes + k of lane row r, element r·folded_width + j of
     that order, which is row b, column stored + (that % buffered). All values are non-negative.
     """
+    lane = tile + tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < slab
     r = lane // lanes
     j = c * lanes + lane % lanes
     valid = lane_ok & (j < folded_width)
     flat = r * folded_width + j
-    return valid, flat // buffered, stored + flat % buffered
+    return lane, lane_ok, valid, flat // buffered, stored + flat % buffered
 
 
 @triton.jit
@@ -235,18 +238,16 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
         # reduction over the whole slab, tile by tile, before any word of the chunk changes.
         full = tl.zeros((LANE_BLOCK,), dtype=tl.int32)
         for tile in range(0, slab, LANE_BLOCK):
-            lane = tile + tl.arange(0, LANE_BLOCK)
-            lane_ok = lane < slab
-            valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+            lane, lane_ok, valid, b, col = _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored,
+                                                         LANE_BLOCK)
             cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
             full = tl.maximum(full, tl.where(valid & _live(mask_ptr, m_rs, m_cs, b, col, valid) & (cur >= WORD_LIMIT),
                                              1, 0))
         overflow = tl.max(full, axis=0) > 0
         tl.store(flags_ptr + c, overflow)
         for tile in range(0, slab, LANE_BLOCK):
-            lane = tile + tl.arange(0, LANE_BLOCK)
-            lane_ok = lane < slab
-            valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+            lane, lane_ok, valid, b, col = _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored,
+                                                         LANE_BLOCK)
             live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
                                                      m_cs, min_numerator, GATES)
             active = valid & live
@@ -298,9 +299,8 @@ def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_
         c = chunks - 1 - back
         overflow = tl.load(flags_ptr + c) != 0  # the push's decision: no reduction to redo
         for tile in range(0, slab, LANE_BLOCK):
-            lane = tile + tl.arange(0, LANE_BLOCK)
-            lane_ok = lane < slab
-            valid, b, col = _lane_columns(c, lane, lane_ok, lanes, folded_width, buffered, stored)
+            lane, lane_ok, valid, b, col = _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored,
+                                                         LANE_BLOCK)
             live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
                                                      m_cs, min_numerator, GATES)
             active = valid & live
