@@ -42,7 +42,13 @@ def _step_without_grad(step: Callable) -> Callable:
 
 
 class Adam(_Eager, torch.optim.Adam):
-    """torch's Adam, the same updates, without importing ``torch._dynamo`` (:class:`_Eager`)."""
+    """torch's Adam, the same updates, without importing ``torch._dynamo`` (:class:`_Eager`).
+
+    :func:`build_optimizer` makes it ``fused``: one kernel updates each tensor in place, where the default
+    (single-tensor) update makes parameter-sized temporaries, which set the first training step's peak memory
+    with large vocabularies, and takes several passes (figures: docs/benchmarks.md, "Data at scale"). Its updates round
+    differently from the single-tensor one's by an ulp here and there, so a run resumed across the two would not
+    go on bit for bit; within one implementation it does."""
 
     step = _step_without_grad(torch.optim.Adam.step)
 
@@ -54,9 +60,9 @@ class SGD(_Eager, torch.optim.SGD):
 
 
 def build_optimizer(config: TrainingConfig, params: Iterable[torch.nn.Parameter]) -> Optimizer:
-    """Adam or plain SGD at ``--lr``."""
+    """Adam (fused: :class:`Adam`) or plain SGD at ``--lr``."""
     if config.optimizer == "adam":
-        return Adam(params, lr=config.lr)
+        return Adam(params, lr=config.lr, fused=True)
     return SGD(params, lr=config.lr)
 
 

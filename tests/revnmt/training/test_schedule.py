@@ -1,3 +1,4 @@
+import functools
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ def _train(optimizer_of, steps: int = 5) -> tuple[torch.nn.Module, torch.optim.O
 
 
 @pytest.mark.parametrize(("name", "torch_class", "lr"),
-                         [("adam", torch.optim.Adam, 1e-2), ("sgd", torch.optim.SGD, 0.5)])
+                         [("adam", functools.partial(torch.optim.Adam, fused=True), 1e-2),
+                          ("sgd", torch.optim.SGD, 0.5)])
 def test_optimizers_update_and_save_as_torchs_do(name, torch_class, lr, tmp_path):
     config = TrainingConfig(save_dir=str(tmp_path), optimizer=name, lr=lr)
     ours, our_optimizer = _train(lambda params: build_optimizer(config, params))
