@@ -89,6 +89,7 @@ class Model:
     # --keep-checkpoints N (--quick included): the last N validations' checkpoints are kept, averaged after training
     # and decoded with a length penalty tuned on the dev set; 0: none
     keep_checkpoints: int = 0
+    slice_dim: int = 20  # encoder units a direction that slice attention reads
 
     @property
     def reversible(self) -> bool:
@@ -100,7 +101,8 @@ class Model:
 
     def options(self) -> list[str]:
         options = ["--rnn", self.rnn, "--attention", self.attention]
-        options += ["--slice-dim", "20", "--max-forget-bits", self.bits] if self.reversible else []
+        options += ["--slice-dim", str(self.slice_dim)] if "slice" in self.attention else []
+        options += ["--max-forget-bits", self.bits] if self.reversible else []
         return options + list(self.text) + list(self.extra)
 
 
@@ -121,12 +123,28 @@ SUBWORD = tuple(Model(f"{m.name}-bpe8k", m.rnn, m.attention, m.bits, BPE_8K) for
 # What users of JoeyNMT, OpenNMT-py and fairseq take for granted, for the reversible and the ordinary models alike,
 # trained until the patience rule stops them (60 epochs is a cap no run is expected to reach), at the default lanes.
 IMPROVED = ("--encoder", "bidirectional", "--tie-embeddings", "--label-smoothing", "0.1")
-# The last 5 validations' checkpoints are kept for averaging (revnmt-average).
-QUALITY = tuple(Model(f"{m.name.removesuffix('-3bit')}-bi-bpe8k", m.rnn, m.attention, m.bits, BPE_8K, IMPROVED,
-                      ("--epochs", "60"), keep_checkpoints=5) for m in CORE)
+
+
+def _quality(name: str, rnn: str, attention: str, bits: str = "", slice_dim: int = 20) -> Model:
+    """A model of the quality recipe; the last 5 validations' checkpoints are kept for averaging (revnmt-average)."""
+    return Model(name, rnn, attention, bits, BPE_8K, IMPROVED, ("--epochs", "60"), keep_checkpoints=5,
+                 slice_dim=slice_dim)
+
+
+QUALITY = tuple(_quality(f"{m.name.removesuffix('-3bit')}-bi-bpe8k", m.rnn, m.attention, m.bits) for m in CORE)
+# What attention memory and forgetting cost each cell: the quality recipe with the ordinary LSTM reading what the
+# RevLSTM reads (embeddings and 20 units a direction), the RevLSTM reading what the LSTM reads (its full states: the
+# encoder keeps them for attention only), wider slices and looser forgetting; the RevGRU alike.
+TRADEOFF = (
+    _quality("lstm-emb+slice-bi-bpe8k", "lstm", "emb+slice"),
+    _quality("revlstm-hidden-bi-bpe8k", "revlstm", "hidden", "3"),
+    _quality("revlstm-emb+slice100-bi-bpe8k", "revlstm", "emb+slice", "3", slice_dim=100),
+    _quality("revlstm-emb+slice100-5bit-bi-bpe8k", "revlstm", "emb+slice", "5", slice_dim=100),
+    _quality("revgru-hidden-bi-bpe8k", "revgru", "hidden", "3"),
+)
 ENSEMBLE = "ensemble-reversible"  # the reversible quality models' averaged checkpoints, decoded together
-MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD + QUALITY}
-GROUPS = {"core": CORE, "all": CORE + EXTRA, "subword": SUBWORD, "quality": QUALITY}
+MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD + QUALITY + TRADEOFF}
+GROUPS = {"core": CORE, "all": CORE + EXTRA, "subword": SUBWORD, "quality": QUALITY, "tradeoff": TRADEOFF}
 TEXT_LABELS = {(): "words", BPE_8K: "BPE 8k"}  # the table's name for what a model reads
 
 # Lanes change only the lowest bits of the states; the memory reports measure the trained models at the default.
@@ -153,7 +171,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default="core",
                         help="'core' (the four word-level models), 'all' (every word-level model), 'subword' (the "
                         "core four on BPE pieces), 'quality' (the core four on BPE pieces with a bidirectional "
-                        "encoder, tied embeddings and label smoothing) or a comma-separated list of "
+                        "encoder, tied embeddings and label smoothing), 'tradeoff' (that recipe with other "
+                        "attention memories and forgetting limits) or a comma-separated list of "
                         f"{', '.join(MODELS)} (default: core)")
     parser.add_argument("--quick", action="store_true", help="small models on 1,000 pairs: checks the pipeline")
     parser.add_argument("--runs", type=Path, help="run directories (default: runs/multi30k, runs/multi30k-quick)")
