@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from revnmt.data import load_data, prepared_options, text_options
+from revnmt.data.loading import input_files
+from revnmt.data.prepared import check_preparable
 
 from .options import HelpFormatter, add_data_options, data_config
 
@@ -35,12 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(args.prepared)
     try:
         config = config.resolved()
+        check_preparable(folder, input_files(config))  # before any work: the folder is replaced whole
         fingerprint = config.fingerprint()
         options = prepared_options(config, fingerprint, folder)
+        # Opening a prepared folder checks it: a damaged one is prepared anew.
+        load_data(config, options or text_options(config), None, fingerprint, folder)
         if options is not None:
             logging.getLogger(PROG).info("%s holds these corpora prepared with these options already", folder)
-            return 0
-        load_data(config, text_options(config), None, fingerprint, folder)
     except (OSError, ValueError) as error:
         logging.getLogger(PROG).error("%s", error)
         return USAGE_ERROR

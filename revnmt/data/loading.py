@@ -18,7 +18,7 @@ from .corpus import ParallelCorpus, load_parallel, read_pairs
 from .encoding import WordRule, encode_corpus
 from .fingerprint import corpus_fingerprint, file_fingerprint
 from .multi30k import MULTI30K_SPLITS, find_multi30k
-from .prepared import MODEL_FILES, Preparation, load_prepared, read_manifest, read_models
+from .prepared import MANIFEST, MODEL_FILES, DamagedData, Preparation, load_prepared, read_manifest, read_models
 from .subword import (
     DEFAULT_VOCAB_SIZE,
     SUBWORD_TYPES,
@@ -214,7 +214,10 @@ def prepared_options(config: DataConfig, fingerprint: dict[str, dict], folder: P
     """The text options of the data prepared in ``folder`` for ``config`` (resolved), or None if it holds none:
     a new run then takes them, and never trains its SentencePiece models again."""
     manifest = read_manifest(folder, config.preparation_key(fingerprint))
-    return None if manifest is None else _manifest_options(folder, manifest)
+    try:
+        return None if manifest is None else _manifest_options(folder, manifest)
+    except (KeyError, TypeError, ValueError):  # a damaged manifest serves no run: the folder is prepared anew
+        return None
 
 
 def _manifest_options(folder: Path, manifest: dict) -> DataOptions:
@@ -246,17 +249,23 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
     key = config.preparation_key(fingerprint)
     manifest = None if prepared is None else read_manifest(prepared, key)
     if manifest is not None:
-        kept = _manifest_options(prepared, manifest)
-        vocabs = manifest["src_vocab"], manifest["tgt_vocab"]
-        if (options is None or options == kept) and (vocab_tokens is None or tuple(vocab_tokens) == vocabs):
-            logger.info("data: reading the ids prepared in %s", prepared)
-            return _training_data(config, kept, *_vocabularies(manifest), load_prepared(prepared, manifest), valid,
-                                  test, fingerprint)
+        try:
+            kept = _manifest_options(prepared, manifest)
+            vocabs = manifest["src_vocab"], manifest["tgt_vocab"]
+            if (options is None or options == kept) and (vocab_tokens is None or tuple(vocab_tokens) == vocabs):
+                datasets = load_prepared(prepared, manifest)
+                logger.info("data: reading the ids prepared in %s", prepared)
+                return _training_data(config, kept, *_vocabularies(manifest), datasets, valid, test, fingerprint)
+        except (DamagedData, KeyError, TypeError, ValueError) as error:
+            if not write:
+                raise DamagedData(str(error) if isinstance(error, DamagedData) else
+                                  f"{prepared / MANIFEST}: not a manifest of prepared data ({error!r})") from None
+            logger.warning("%s: preparing it anew", error)  # revnmt's own folder (read_manifest found its key)
     options = options or text_options(config)
     src_tok, tgt_tok = options.source_tokenizer(), options.target_tokenizer()
     vocabs = None if vocab_tokens is None else tuple(Vocabulary(tokens[len(SPECIALS):]) for tokens in vocab_tokens)
     if prepared is not None and write:
-        with Preparation(prepared) as preparation:
+        with Preparation(prepared, input_files(config)) as preparation:
             manifest = _prepare(config, options, (src_tok, tgt_tok), vocabs, key, valid, preparation)
         logger.info("data: ids prepared in %s", prepared)
         return _training_data(config, options, *_vocabularies(manifest), load_prepared(prepared, manifest), valid, test,
@@ -268,6 +277,15 @@ def load_data(config: DataConfig, options: DataOptions | None = None,
             {part: np.array(array) for part, array in dataset.arrays().items()}, dataset.n_filtered)
             for name, dataset in load_prepared(prep.folder, manifest).items()}
     return _training_data(config, options, *_vocabularies(manifest), datasets, valid, test, fingerprint)
+
+
+def input_files(config: DataConfig) -> list[Path]:
+    """The files a run prepares its data from, or reads beside them (resolved ``config``): the corpora's sides that
+    exist, and the SentencePiece models it names."""
+    prefixes = [prefix for prefix in (config.train, config.valid, config.test) if prefix]
+    sides = [Path(f"{prefix}.{lang}{gz}") for prefix in prefixes for lang in (config.src, config.tgt)
+             for gz in ("", ".gz")]
+    return [path for path in sides if path.exists()] + [Path(path) for path in config.spm_model]
 
 
 def _prepare(config: DataConfig, options: DataOptions, tokenizers: tuple[SentenceTokenizer, SentenceTokenizer],
