@@ -28,6 +28,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -220,6 +221,9 @@ _WORKER: Callable | None = None
 def _start_worker(chunks: Callable) -> None:
     global _WORKER
     _WORKER = chunks
+    # Ctrl-C reaches the terminal's whole process group: the main process stops the preparation (and the pool
+    # with it), while a worker's own KeyboardInterrupt would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_worker(batch: list[tuple[str, str]]):
