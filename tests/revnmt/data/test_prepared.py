@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from revnmt.data import DataConfig, load_data, loading, make_batch, prepared_options
-from revnmt.data.prepared import MANIFEST
+from revnmt.data.prepared import MANIFEST, DamagedData
 
 
 def _config(toy, **options) -> DataConfig:
@@ -78,3 +78,24 @@ def test_a_mapped_dataset_is_pickled_as_its_files(toy, tmp_path):
     _same_datasets(data.train, pickle.loads(pickled))
     in_memory = load_data(_config(toy)).train
     _same_datasets(in_memory, pickle.loads(pickle.dumps(in_memory)))
+
+
+def test_a_worker_refuses_a_folder_prepared_again_with_other_options(toy, tmp_path):
+    # A Hogwild! worker reopens the folder by path: another run may have prepared it anew meanwhile.
+    folder = tmp_path / "data"
+    pickled = pickle.dumps(load_data(_config(toy), prepared=folder).train)
+    load_data(_config(toy, lowercase=True), prepared=folder)
+    with pytest.raises(DamagedData, match="prepared again with other corpora or options"):
+        pickle.loads(pickled)
+
+
+def test_damaged_data_is_one_error_naming_the_file_where_it_may_not_be_prepared_anew(toy, tmp_path):
+    config, folder = _config(toy), tmp_path / "data"
+    load_data(config, prepared=folder)
+    ids = np.load(folder / "valid.tgt.npy", mmap_mode="r+")
+    ids[0] = -1
+    ids.flush()
+    with pytest.raises(DamagedData, match=r"valid\.tgt\.npy: damaged prepared data \(ids outside the vocabulary"):
+        load_data(config, prepared=folder, write=False)
+    load_data(config, prepared=folder)  # the main process prepares its own folder anew
+    load_data(config, prepared=folder, write=False)
