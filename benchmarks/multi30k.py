@@ -476,8 +476,8 @@ def _speed_side_by_side(args: argparse.Namespace, models: list[Model]) -> dict[s
 
     def step(name: str) -> Callable[[Batch], None]:
         def train(batch: Batch) -> None:
-            compute_gradients(nets[name], [batch]).loss.item()  # .item(): the step is done (CUDA) before timing
-            clip_and_step(optimizers[name], clips[name])
+            loss = compute_gradients(nets[name], [batch]).loss
+            clip_and_step(optimizers[name], clips[name], loss)  # reads the loss: the step is done (CUDA) before timing
         return train
 
     batches = [make_batch(data.train, indices).to(args.device) for indices in batches]

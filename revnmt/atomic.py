@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 
 @contextmanager
@@ -24,21 +25,45 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
 
     The data goes to a temporary file in the same folder (so the final rename stays on one filesystem,
     where ``os.replace`` is atomic) and is fsynced before the rename, so the new name never points at
-    data still sitting in the page cache. On an error the temporary file is removed and ``path`` is
-    left as it was.
+    data still sitting in the page cache. On any error or interruption (KeyboardInterrupt, SystemExit) the
+    temporary file is removed and ``path`` is left as it was.
+
+    A new file gets the permissions the user's umask leaves; a file replaced keeps its own, set before
+    anything is written, so that a private file's new contents are never readable by others.
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        kept = os.stat(path)
+    except FileNotFoundError:
+        kept = None
+    fd, temporary = _new_file_beside(path)
     try:
         with os.fdopen(fd, "wb") as file:
+            if kept is not None and stat.S_ISREG(kept.st_mode):
+                os.fchmod(fd, kept.st_mode & 0o777)  # the permission bits, never set-user-ID and the like
             yield file
             file.flush()
             os.fsync(file.fileno())
-        os.chmod(tmp_name, 0o644)  # mkstemp makes 0600 files; outputs are meant to be shared
-        os.replace(tmp_name, path)
+        os.replace(temporary, path)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
+
+
+def _new_file_beside(path: Path) -> tuple[int, Path]:
+    """A new empty file in ``path``'s folder, open for writing, and its name (hidden, ending in ``.tmp``).
+
+    ``os.open`` creates it with mode 0666, which the kernel reduces by the umask (or a default ACL) as for
+    any file a program creates, where ``tempfile.mkstemp`` would make it 0600 whatever the user asked for.
+    No need to read the umask, which ``os.umask`` can only do by changing it, racing with other threads.
+    """
+    while True:
+        name = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            # O_EXCL: never an existing file, nor a symbolic link planted under the name.
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), name
+        except FileExistsError:  # a name drawn twice: draw again
+            continue
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -50,6 +75,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` as UTF-8, atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def open_for_appending(path: str | os.PathLike[str]) -> TextIO:
+    """``path`` opened to append UTF-8 text, created with the user's umask if missing, never through a symlink
+    (OSError instead): for the logs a run keeps in its own directory (train.log, valid.tsv), which must not
+    write into a file elsewhere that a link there points at."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 # Names of files other processes hold open: /dev/stdout is a link to /proc/self/fd/1, which the kernel
@@ -117,6 +150,20 @@ def check_output(path: str | os.PathLike[str]) -> None:
         raise type(error)(f"cannot write {name}: cannot create files in {folder} ({error.strerror})") from None
     os.close(fd)
     os.remove(trial)
+
+
+def same_file(output: str | os.PathLike[str], other: str | os.PathLike[str]) -> bool:
+    """Whether writing ``output`` (with :func:`output_file`) would replace ``other``: both name one regular
+    file, compared by device and inode so that hard and symbolic links count, or one file not made yet.
+
+    Outputs written in place are never the same as anything: ``-o /dev/stdout`` and ``-i /dev/stdin`` may
+    both be the terminal, and ``/dev/null`` may take any number of outputs.
+    """
+    try:
+        a, b = os.stat(output), os.stat(other)
+    except OSError:  # one of them does not exist (yet): the same only if both are one name to be
+        return os.path.realpath(output) == os.path.realpath(other)
+    return stat.S_ISREG(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) and not _written_in_place(output)
 
 
 def _written_in_place(path: str | os.PathLike[str]) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from revnmt.checkpoint import load_checkpoint
+from revnmt.checkpoint import TRANSLATING, load_checkpoint
 from revnmt.compatibility import architecture_differences, text_differences
 
 # What a checkpoint holds about a training run's position: it belongs to one checkpoint, not to an average,
@@ -35,7 +35,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
     first, steps = None, []
     sums: dict[str, torch.Tensor] = {}
     for path in paths:
-        state = load_checkpoint(path)
+        # Weights (and vocabularies) are compared among the checkpoints, not with the model their options make:
+        # averaged as they are, integer tensors included; translating refuses an average that fits no model.
+        state = load_checkpoint(path, needs=TRANSLATING, check_weights=False)
         if first is None:
             first = state
         elif differences := text_differences(first, state) or architecture_differences(first, state):

@@ -95,7 +95,8 @@ def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: 
     Each step takes the 2·beam best extensions of a sentence's live hypotheses: those ending in EOS
     among the first ``beam`` are finished, the first ``beam`` others stay live. A sentence is done
     when it has ``beam`` finished hypotheses or reaches its length limit (its live ones are then
-    finished as they are). With ``beam = 1`` this is exactly greedy search.
+    finished as they are). With ``beam = 1`` and finite scores this is exactly greedy search. A hypothesis
+    scored NaN or -inf (a diverged model's) never finishes: a sentence left with none translates to nothing.
     """
     if beam < 1:
         raise ValueError(f"beam must be positive, got {beam}")
@@ -151,5 +152,6 @@ def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: 
             history = [history[row] for row in rows.tolist()]
             alive = [alive[i] for i in keep]
 
-    # max() keeps the first of equal scores: the earliest finished, for a deterministic result.
-    return [max(hyps, key=lambda hyp: hyp[0])[1] for hyps in finished]
+    # max() keeps the first of equal scores: the earliest finished, for a deterministic result. A sentence that
+    # finished nothing (every score NaN or -inf: a diverged model) gets the empty translation, not an error.
+    return [max(hyps, key=lambda hyp: hyp[0])[1] if hyps else [] for hyps in finished]

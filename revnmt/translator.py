@@ -14,7 +14,7 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
-from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
+from revnmt.checkpoint import TRANSLATING, load_checkpoint, resolve_checkpoint
 from revnmt.compatibility import text_differences
 from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Vocabulary, sorted_batches
 from revnmt.ensemble import Ensemble
@@ -59,7 +59,7 @@ class Translator:
         models, paths, text = [], [], {}  # text: the first checkpoint's vocabularies and data options
         for path_or_dir in paths_or_dirs:
             paths.append(resolve_checkpoint(path_or_dir))
-            state = load_checkpoint(paths[-1], map_location="cpu")
+            state = load_checkpoint(paths[-1], map_location="cpu", needs=TRANSLATING)
             if not text:
                 text = {key: state[key] for key in ("src_vocab", "tgt_vocab", "data")}
             elif differences := text_differences(text, state):

@@ -12,9 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from revnmt.atomic import check_output
+from revnmt.atomic import check_output, same_file
 from revnmt.averaging import average_checkpoints
-from revnmt.checkpoint import numbered_checkpoints, save_checkpoint
+from revnmt.checkpoint import TRANSLATING, numbered_checkpoints, save_checkpoint, validate_checkpoint
+from revnmt.training.interrupts import exit_on_signals
 
 from .options import positive_int
 
@@ -60,18 +61,28 @@ def checkpoints_to_average(inputs: Sequence[str], last: int | None) -> list[Path
 def main(argv: Sequence[str] | None = None) -> int:
     """Run revnmt-average with ``argv`` (default: the command line); return the exit status."""
     args = parse_args(argv)
+    return exit_on_signals(PROG, lambda: _average(args))
+
+
+def _average(args: argparse.Namespace) -> int:
+    """Average the checkpoints ``args`` name; the exit status."""
     try:
         paths = checkpoints_to_average(args.inputs, args.last)
         # The real file: an atomic write would replace a symbolic link with a copy.
         output = Path(os.path.realpath(args.output))
         if output.exists() and not output.is_file():
             raise ValueError(f"-o {args.output} is not a regular file")
-        for path in paths:
-            if output.exists() and path.exists() and output.samefile(path):
-                raise ValueError(f"-o {args.output} is one of the checkpoints to average: choose another file")
+        if any(same_file(output, path) for path in paths):
+            raise ValueError(f"-o {args.output} is one of the checkpoints to average: choose another file")
         check_output(output)  # before minutes of loading
         averaged = average_checkpoints(paths)
-        save_checkpoint(output, averaged)
+        # Never a checkpoint that revnmt-translate would refuse. Its weights, of the shapes the inputs share, and
+        # its options are the last input's: a misfit is that file's (and every input's).
+        validate_checkpoint(averaged, paths[-1], TRANSLATING)
+        try:
+            save_checkpoint(output, averaged)
+        except OSError as error:  # no space left, file too large, quota exceeded: the old file is kept
+            raise type(error)(f"cannot write {args.output}: {error.strerror or error}") from error
     # Missing, corrupt or mismatched checkpoints and unwritable outputs are the user's to fix: one line.
     except (OSError, ValueError, RuntimeError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

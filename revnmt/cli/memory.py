@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from revnmt.checkpoint import load_checkpoint, resolve_checkpoint
+from revnmt.atomic import check_output, write_output_text
+from revnmt.checkpoint import TRANSLATING, load_checkpoint, resolve_checkpoint
 from revnmt.data import BatchSampler, DataConfig, DataOptions, TrainingData, load_data, make_batch
 from revnmt.data.fingerprint import fingerprinted_prefixes
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
@@ -27,6 +28,7 @@ from revnmt.memory.report import LABELS, comparison_configs, format_report, memo
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
 from revnmt.training import RunConfig
+from revnmt.training.interrupts import exit_on_signals
 from revnmt.training.speed import tokens_per_second
 
 from .options import (
@@ -138,14 +140,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.memory_budget is not None:
         track_freed_memory()  # as revnmt-train --memory-budget runs
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
+    return exit_on_signals(PROG, lambda: _measure(args))
+
+
+def _measure(args: argparse.Namespace) -> int:
+    """Measure and report as ``args`` say; the exit status."""
     torch.manual_seed(args.seed)
     try:
+        if args.json is not None:
+            check_output(args.json)  # before minutes of measuring
         if args.checkpoint is None:
             data = load_data(args.data_config, prepared=_prepared(args.data_config), write=False)
             model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)))
         else:
             path = resolve_checkpoint(args.checkpoint)
-            state = load_checkpoint(path)
+            state = load_checkpoint(path, needs=(*TRANSLATING, "args"))  # args: the run's options
             corpora = _measured_corpora(state, path, args)
             # The checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies.
             data = load_data(corpora, DataOptions.from_dict(state["data"], str(path)),
@@ -186,7 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {label:48s} {fits[name]:>10,} tokens (reversible / this: "
                   f"{fits['reversible'] / fits[name]:.1f}x), peak {format_bytes(peaks[name])}")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            write_output_text(args.json, json.dumps(report, indent=2) + "\n")
+        except OSError as error:
+            print(f"{PROG}: error: cannot write {args.json}: {error.strerror or error}", file=sys.stderr)
+            return 2
     return 0
 
 

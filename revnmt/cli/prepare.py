@@ -16,9 +16,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from revnmt.data import load_data, prepared_options, text_options
+from revnmt.data import DataConfig, load_data, prepared_options, text_options
 from revnmt.data.loading import input_files
 from revnmt.data.prepared import check_preparable
+from revnmt.training.interrupts import exit_on_signals
 
 from .options import HelpFormatter, add_data_options, data_config
 
@@ -34,7 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--prepared DIR is required: the folder to prepare")
     config = data_config(parser, args)
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
-    folder = Path(args.prepared)
+    return exit_on_signals(PROG, lambda: _prepare(config, Path(args.prepared)))
+
+
+def _prepare(config: DataConfig, folder: Path) -> int:
+    log = logging.getLogger(PROG)
     try:
         config = config.resolved()
         check_preparable(folder, input_files(config))  # before any work: the folder is replaced whole
@@ -43,12 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Opening a prepared folder checks it: a damaged one is prepared anew.
         load_data(config, options or text_options(config), None, fingerprint, folder)
         if options is not None:
-            logging.getLogger(PROG).info("%s holds these corpora prepared with these options already", folder)
+            log.info("%s holds these corpora prepared with these options already", folder)
     except (OSError, ValueError) as error:
-        logging.getLogger(PROG).error("%s", error)
+        log.error("%s", error)
         return USAGE_ERROR
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,9 +19,12 @@ import numpy as np
 import torch
 
 from revnmt.atomic import atomic_write_bytes, atomic_write_text
-from revnmt.checkpoint import LAST_CHECKPOINT, load_checkpoint
+from revnmt.checkpoint import LAST_CHECKPOINT, RESUMING, load_checkpoint
 from revnmt.data import DataOptions, TrainingData, load_data, prepared_options, text_options
 from revnmt.data.fingerprint import fingerprint_changes
+from revnmt.data.loading import input_files
+from revnmt.data.prepared import check_preparable
+from revnmt.folders import NotOurs
 from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
 from revnmt.memory.peak import PeakMeter, track_freed_memory
 from revnmt.memory.sizes import format_bytes
@@ -41,9 +44,10 @@ from revnmt.training import (
     WorkerError,
     process_group,
 )
-from revnmt.training.interrupts import stop_on_signals
+from revnmt.training.interrupts import Signalled, raise_on_signals, stop_on_signals
 from revnmt.training.progress import logging_to
 from revnmt.training.save_dir import SaveDirInUse, locked_save_dir
+from revnmt.training.trainer import Diverged
 from revnmt.translator import Translator, evaluate
 
 from .options import (
@@ -130,6 +134,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-reversal-fallbacks", type=share, default=0.01, metavar="SHARE",
                      help="a batch whose reversal fails its exactness check is trained by backpropagation instead; "
                      "stop once more than this share of the updates (and two at least) needed it")
+    run.add_argument("--max-nonfinite", type=positive_int, default=10, metavar="N",
+                     help="an update whose loss or gradients are not finite (NaN, inf; or whose fixed-point state "
+                     "overflows) is skipped; stop after N in a row, keeping the last checkpoint")
     run.add_argument("--hogwild", type=positive_int, metavar="N",
                      help="train with N worker processes that update shared weights without locks (Hogwild!); "
                      "checkpoints at epoch ends, at --max-steps and on Ctrl-C")
@@ -177,7 +184,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         memory_budget=args.memory_budget, patience=args.patience, valid_beam=args.valid_beam,
         test_beam=args.test_beam, log_every=args.log_every, save_every=args.save_every, hogwild=args.hogwild,
         devices=args.devices, restart_epoch=args.restart_epoch, max_reversal_fallbacks=args.max_reversal_fallbacks,
-        keep_checkpoints=args.keep_checkpoints)
+        keep_checkpoints=args.keep_checkpoints, max_nonfinite=args.max_nonfinite)
     return RunConfig(data, model, training)
 
 
@@ -201,15 +208,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if job.is_main:
                 stack.enter_context(locked_save_dir(save_dir))
             stack.enter_context(logging_to(log_file, level, label))
-        except SaveDirInUse as error:
+        except (SaveDirInUse, NotOurs) as error:
             return _fail(str(error))
         except OSError as error:
             return _fail(f"cannot create or write --save-dir {save_dir}: {error.strerror or error}")
         device = stack.enter_context(process_group(config.training.device, job))
         logger.info("%s %s", PROG, " ".join(sys.argv[1:] if argv is None else argv))
         try:
-            return _run(replace(config, training=replace(config.training, device=device)), job)
-        except KeyboardInterrupt:  # outside training (loading, the test set), or a second Ctrl-C in it
+            # Outside the updates (loading, preparing data, the test set) a signal stops the run at once: what it
+            # interrupts is done again by the same command. Training installs its own handlers.
+            with raise_on_signals():
+                return _run(replace(config, training=replace(config.training, device=device)), job)
+        except Signalled as stop:
+            logger.error("%s: nothing was saved since the last checkpoint", stop)
+            return stop.exit_status
+        except KeyboardInterrupt:  # a second Ctrl-C in training
             logger.error("aborted: nothing was saved since the last checkpoint")
             return 128 + signal.SIGINT
 
@@ -225,8 +238,10 @@ def _run(config: RunConfig, job: Job) -> int:
     try:
         config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
         fingerprint = config.data.fingerprint()  # read once: compared on resume, then saved in checkpoints
-        checkpoint, data_changed = job.from_main(lambda: _resumable_checkpoint(config, fingerprint))
         prepared = Path(config.data.prepared) if config.data.prepared else save_dir / PREPARED_DATA
+        if job.is_main:  # before any work: a folder revnmt would replace must be its own, the corpora outside it
+            check_preparable(prepared, input_files(config.data))
+        checkpoint, data_changed = job.from_main(lambda: _resumable_checkpoint(config, fingerprint))
         if checkpoint is None:  # rank 0 trains the SentencePiece models of --subword (if not prepared), every rank
             # gets them
             options = job.from_main(lambda: prepared_options(config.data, fingerprint, prepared)
@@ -267,6 +282,9 @@ def _run(config: RunConfig, job: Job) -> int:
         except ValueError as error:
             logger.error("%s", error)
             return USAGE_ERROR
+        except (KeyError, TypeError) as error:  # its optimizer, scheduler or trainer state is not what this run keeps
+            logger.error("%s: not a training state this run can resume (%r)", save_dir / LAST_CHECKPOINT, error)
+            return USAGE_ERROR
         logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
                     trainer.state.step)
     checkpoint = None  # restored into the model and the trainer: its own copy of the weights and Adam's state
@@ -280,10 +298,12 @@ def _run(config: RunConfig, job: Job) -> int:
     try:
         with stop_on_signals(trainer.stop):
             trainer.train()
+        if trainer.stop.requested():  # a signal during the last validation's save: the run is saved, not tested
+            raise Interrupted(trainer.stop.signum, trainer.state.step)
     except Interrupted as stop:
         logger.warning("%s", stop)
         return stop.exit_status
-    except (WorkerError, TooManyFallbacks) as error:  # last.pt is still the last good checkpoint
+    except (WorkerError, TooManyFallbacks, Diverged) as error:  # last.pt is still the last good checkpoint
         logger.error("%s", error)
         return TRAINING_FAILED
     except OSError as error:  # a checkpoint or log that cannot be written: disk full, folder gone
@@ -326,7 +346,7 @@ def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tu
     path = save_dir / LAST_CHECKPOINT
     if not path.is_file():
         return None, False
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, needs=RESUMING)
     refused = config.changes_from(checkpoint["args"])
     if refused:
         raise ValueError(f"{save_dir} holds a run trained with other fixed options ({', '.join(refused)}): run "
@@ -362,6 +382,10 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
                            beam=max(cfg.valid_beam, cfg.test_beam),
                            mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes())
     logger.info("%s", plan.describe())
+    if cfg.hogwild:
+        logger.warning("--memory-budget %s bounds each training process's steps: with --hogwild %d the workers "
+                       "together may hold about %d × %s, besides this process (the shared weights counted once)",
+                       format_bytes(cfg.memory_budget), cfg.hogwild, cfg.hogwild, format_bytes(cfg.memory_budget))
     return plan
 
 

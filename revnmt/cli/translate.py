@@ -17,9 +17,11 @@ import stat
 import sys
 from collections.abc import Sequence
 
-from revnmt.atomic import check_output, write_output_text
+from buffers import FixedPointOverflowError
+from revnmt.atomic import check_output, same_file, write_output_text
 from revnmt.data import decode_lines, decode_stream, read_lines
 from revnmt.length_penalty import LENGTH_PENALTY_TYPES, LengthPenalty
+from revnmt.training.interrupts import exit_on_signals
 from revnmt.translator import Translator, evaluate
 
 from .options import check_device, default_device, non_negative_float
@@ -74,7 +76,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(levelname)s: %(message)s", stream=sys.stderr)
+    return exit_on_signals(PROG, lambda: _translate(args))
+
+
+def _translate(args: argparse.Namespace) -> int:
+    """Translate as ``args`` say; the exit status."""
     try:
+        _check_distinct_files(args)
         # Python sets sys.stdin or sys.stdout to None when it starts with that descriptor closed (<&-, >&-).
         if args.input is None and sys.stdin is None:
             raise ValueError("stdin is closed: give -i FILE or pipe sentences in")
@@ -112,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except _StdoutError as error:
         return _fail(error)
+    except FixedPointOverflowError as error:  # a checkpoint whose weights diverged
+        return _fail(ValueError(f"{' '.join(args.checkpoint)}: the model's weights overflow its fixed-point states "
+                                f"({error}): the run that wrote it diverged"))
     try:
         if args.output is not None:
             _write_file(args.output, "".join(f"{hyp}\n" for hyp in hyps))
@@ -131,6 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             except OSError as error:
                 return _fail(error)
     return 0
+
+
+def _check_distinct_files(args: argparse.Namespace) -> None:
+    """ValueError if an output (``-o``, ``--json``) would replace an input (``-i``, ``--reference``) or the
+    other output: the same file by inode, so that links count (:func:`revnmt.atomic.same_file`)."""
+    inputs = [("-i", args.input), ("--reference", args.reference)]
+    outputs = [("-o", args.output), ("--json", args.json)]
+    for number, (option, output) in enumerate(outputs):
+        for other, path in inputs + outputs[number + 1:]:
+            if output is not None and path is not None and same_file(output, path):
+                raise ValueError(f"{option} {output} is the same file as {other} {path}: choose another {option}")
 
 
 def _whole_stdin() -> list[str] | None:

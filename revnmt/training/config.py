@@ -26,7 +26,7 @@ RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "
 # Options a resumed run may change: applied from the resumed step on, and logged.
 CHANGEABLE_ON_RESUME = ("lr", "clip", "lr_decay", "lr_patience", "min_lr", "epochs", "max_steps", "patience",
                         "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks",
-                        "keep_checkpoints")
+                        "max_nonfinite", "keep_checkpoints")
 # Everything else concerns where and how one command runs (device, devices, hogwild, buffer_backend, the
 # corpora's paths, whose contents the data fingerprint checks): changed freely, not logged.
 
@@ -59,6 +59,7 @@ class TrainingConfig:
     hogwild: int | None = None  # worker processes updating shared weights without locks
     restart_epoch: bool = False  # resume on changed corpora: train the current epoch again from its start
     max_reversal_fallbacks: float = 0.01  # share of updates that may be trained by backpropagation, reversal failing
+    max_nonfinite: int = 10  # updates skipped in a row (non-finite loss or gradients) that stop the run
     devices: tuple[int, ...] | None = None  # GPUs of the Hogwild workers (round-robin)
 
     @property

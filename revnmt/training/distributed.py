@@ -8,7 +8,9 @@ are averaged across the ranks, so every rank makes the same update and the weigh
 log warnings only); it broadcasts the outcome of each validation (trainer state, LR schedule), so
 every rank decays the LR and stops at the same point. A signal to any rank (Ctrl-C, SIGTERM) and a
 reversal that fell back to backpropagation travel with the gradients' all-reduce, so every rank learns
-of them at the same update and all stop there together (rank 0 saving).
+of them at the same update and all stop there together (rank 0 saving). So does each rank's loss: every
+rank decides whether to skip an update (a non-finite loss or gradients) on the same summed loss and
+averaged gradients, so all skip the same updates and stop together after ``--max-nonfinite`` of them.
 
 DistributedDataParallel is not used: its reducer all-reduces from autograd hooks during one
 ``backward()`` of the module's output, while reversal fills ``.grad`` through many backward calls
@@ -23,7 +25,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
@@ -147,36 +149,42 @@ class DistributedTrainer(Trainer):
         self._check_replicas()
         return reason
 
-    def _update(self, parts: list[Batch], where: str) -> torch.Tensor:
+    def _update(self, parts: list[Batch], where: str) -> torch.Tensor | None:
         gradients = compute_gradients(self.model, parts)
         signum = self.stop.signum
-        sigint, sigterm, fallbacks = self._average_gradients(
-            [signum == signal.SIGINT, signum == signal.SIGTERM, gradients.reversal_error is not None])
+        (sigint, sigterm, fallbacks), loss_sum = self._average_gradients(
+            [signum == signal.SIGINT, signum == signal.SIGTERM, gradients.reversal_error is not None], gradients.loss)
         if sigint or sigterm:
             self.stop.request(signal.SIGINT if sigint else signal.SIGTERM)  # a rank that got none exits alike
             self._stop_agreed = True
         self._count_fallbacks(round(fallbacks), f"{where} on {round(fallbacks)} of {self.world_size} ranks",
                               gradients.reversal_error or "on another rank")
-        clip_and_step(self.optimizer, self.config.training.clip)
-        return gradients.loss
+        stepped = clip_and_step(self.optimizer, self.config.training.clip, torch.tensor(loss_sum))
+        self._count_skipped(None if stepped else gradients.skip_reason(), where)
+        return gradients.loss if stepped else None
 
     def _should_stop(self) -> bool:
         return self._stop_agreed  # agreed in an all-reduce, so every rank stops before the same update
 
-    def _average_gradients(self, counts: list[bool]) -> list[float]:
-        """Average the ranks' gradients; returns ``counts`` summed over the ranks (carried in the same
-        collective: one per update)."""
+    def _average_gradients(self, counts: list[bool], loss: torch.Tensor) -> tuple[list[float], float]:
+        """Average the ranks' gradients; returns ``counts`` and ``loss`` summed over the ranks (carried in the
+        same collective: one per update)."""
         # Explicit all-reduce: DDP's autograd hooks do not fire for gradients that reversal
         # accumulates outside one backward() of the module output (see the module docstring).
-        grads = [p.grad for p in self.model.parameters()]  # train_step fills every parameter's
-        extra = torch.tensor(counts, dtype=grads[0].dtype, device=grads[0].device)
+        grads = [p.grad for p in self.model.parameters()]  # train_step (or an overflow) fills every parameter's
+        extra = torch.cat([torch.tensor(counts, dtype=grads[0].dtype, device=grads[0].device),
+                           loss.detach().reshape(1).to(grads[0].dtype)])
         flat = torch.cat([g.reshape(-1) for g in grads] + [extra])  # one collective rather than one per tensor
         dist.all_reduce(flat)
-        totals = flat[-len(counts):].tolist()
-        flat = flat[:-len(counts)] / self.world_size
+        *totals, loss_sum = flat[-len(extra):].tolist()
+        flat = flat[:-len(extra)] / self.world_size
         for grad, average in zip(grads, flat.split([g.numel() for g in grads])):
             grad.copy_(average.view_as(grad))
-        return totals
+        return totals, loss_sum
+
+    def _stop_at_once(self) -> AbstractContextManager:
+        # The other ranks wait for rank 0's validation in a broadcast: a signal stops the job after it.
+        return nullcontext()
 
     def _validate(self, end_of_epoch: bool) -> None:
         # Rank 0 validates and saves while the others wait in the broadcast of its outcome, which is

@@ -14,7 +14,9 @@ It talks to the workers through queues rather than an ``mp.Barrier``: a queue al
 epoch's LR, per-update reports and a failing worker's traceback, and waiting on it with a timeout
 lets the main process notice a worker that died without a word (killed), where a barrier would
 wait forever. A failure stops the run with ``WorkerError`` before anything more is saved, so the
-last checkpoint stays the last good one.
+last checkpoint stays the last good one. A worker skips an update whose loss or gradients are not finite
+(:func:`~.trainer.clip_and_step`) and says so in its report; the main process counts the skips in the order
+the reports arrive, as it counts reversal fallbacks, and stops the run as :class:`~.trainer.Trainer` does.
 
 Resuming works at epoch granularity, from a ``--max-steps`` stop and from an interrupt: updates race,
 so no run can be repeated exactly, and each worker's optimizer state (Adam's moments) is private, not
@@ -40,10 +42,12 @@ import torch.multiprocessing as mp
 
 from revnmt.data import BatchSampler, EncodedDataset, TrainingData, make_batch
 from revnmt.memory.budget import BudgetPlan
+from revnmt.memory.sizes import format_bytes
 from revnmt.model import Seq2Seq
 
 from .config import RunConfig, TrainingConfig
 from .interrupts import ignore_signals
+from .progress import peak_memory
 from .schedule import build_optimizer, current_lr
 from .trainer import Trainer, clip_and_step, compute_gradients, derived_seed
 
@@ -137,8 +141,9 @@ def _worker(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp
 
 def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.Queue, end: EpochEnd) -> None:
     # Messages to the main process: ("ready", rank) once set up, ("step", rank, summed loss, target
-    # tokens, the ReversalError's text if the batch fell back to backpropagation, else None) after each
-    # update, ("done", rank) after each epoch, ("error", rank, traceback) from _worker.
+    # tokens, the ReversalError's text if the batch fell back to backpropagation, else None, why the update
+    # was skipped if it was, else None) after each update, ("done", rank) after each epoch, ("error", rank,
+    # traceback) from _worker.
     torch.set_num_threads(setup.threads)  # N workers with every core each would oversubscribe the CPU
     device = torch.device(setup.device)
     if device.type == "cuda":
@@ -162,10 +167,11 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
                 # On the CPU these are the private tensors themselves (no copy); shared_param.grad
                 # was created in this process, so it is this worker's, not shared.
                 shared_param.grad = None if param.grad is None else param.grad.to(shared_param.device)
-            clip_and_step(optimizer, setup.config.clip)
-            # .item() costs no extra sync on CUDA: copying the gradients back already waited.
+            stepped = clip_and_step(optimizer, setup.config.clip, gradients.loss)
+            # .item() costs no extra sync on CUDA: clip_and_step already waited for the loss.
             error = None if gradients.reversal_error is None else str(gradients.reversal_error)
-            results.put(("step", setup.rank, gradients.loss.item(), batch.n_tokens, error))
+            skipped = None if stepped else gradients.skip_reason()
+            results.put(("step", setup.rank, gradients.loss.item(), batch.n_tokens, error, skipped))
         results.put(("done", setup.rank))
 
 
@@ -214,10 +220,10 @@ class WorkerPool:
     def __exit__(self, error_type, error, tb) -> None:
         self.close(graceful=error_type is None)
 
-    def run_epoch(self, command: EpochCommand) -> Iterator[tuple[int, float, int, str | None]]:
+    def run_epoch(self, command: EpochCommand) -> Iterator[tuple[int, float, int, str | None, str | None]]:
         """Have every worker train its share of ``command``; yields (rank, summed loss, target tokens, reversal
-        error or None) per update until all are done (:attr:`end` may end the epoch early). Raises WorkerError
-        when a worker fails or dies."""
+        error or None, why the update was skipped or None) per update until all are done (:attr:`end` may end
+        the epoch early). Raises WorkerError when a worker fails or dies."""
         self.end.reset(command.end)
         for commands in self.commands:
             commands.put(command)
@@ -282,6 +288,15 @@ class HogwildTrainer(Trainer):
         with WorkerPool(self.config.training, self.shared, self.data.train, self.sampler) as self.pool:
             return super().train()
 
+    def _memory_line(self) -> str:
+        # The workers train, each on batches of the plan; this process holds the shared weights and validates. A
+        # --memory-budget thus bounds each worker's steps, not the run: say so where the peak is shown.
+        line = f"main process {peak_memory(self.device)}"
+        if self.plan is not None:
+            line += (f"; the {format_bytes(self.plan.budget_bytes)} budget bounds each of the "
+                     f"{self.config.training.hogwild} workers' steps")
+        return line
+
     def _train_epoch(self) -> bool:
         cfg, state = self.config.training, self.state
         if self._should_stop():
@@ -292,12 +307,14 @@ class HogwildTrainer(Trainer):
         command = EpochCommand(state.epoch, start, end, current_lr(self.optimizer))
         updates = [0] * cfg.hogwild
         with self.reporter.epoch(state.epoch, n_batches, start):
-            for rank, loss, n_tokens, error in self.pool.run_epoch(command):
-                self._count_fallbacks(int(error is not None),
-                                      f"a batch of Hogwild worker {rank} (step {state.step + 1})", error)
+            for rank, loss, n_tokens, error, skipped in self.pool.run_epoch(command):
+                where = f"a batch of Hogwild worker {rank} (step {state.step + 1})"
+                self._count_fallbacks(int(error is not None), where, error)
+                self._count_skipped(skipped, where)
                 updates[rank] += 1
                 state.step += 1
-                self.reporter.step(state.step, start + sum(updates), torch.tensor(loss), n_tokens, command.lr)
+                self.reporter.step(state.step, start + sum(updates), None if skipped else torch.tensor(loss),
+                                   n_tokens, command.lr)
                 if self._should_stop() and end == command.end:
                     end = self.pool.end.stop_early(start)
         # Every batch of [start, end) is trained now, so a --max-steps stop or an interrupt resumes at ``end``.

@@ -6,13 +6,18 @@ The handler only sets a flag; the training loop reads it between updates (:meth:
 so no update is ever cut in half and the checkpoint resumes as exactly as a periodic one. It does not log:
 a handler runs between any two bytecodes of the main thread, also inside a log record's write to stderr,
 and a second write into the same buffered stream then fails ("reentrant call"). The trainer logs the stop.
+
+Work that has nothing to save stops at once instead, with the same statuses (:func:`raise_on_signals`): the
+commands revnmt-translate, revnmt-average, revnmt-memory and revnmt-prepare (:func:`exit_on_signals`), and a
+run's own loading, data preparation, dev translation and test translation, which a resume does again.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -72,3 +77,45 @@ def ignore_signals() -> None:
     main process decides when to stop, and tells its workers."""
     for signum in HANDLED:
         signal.signal(signum, signal.SIG_IGN)
+
+
+class Signalled(BaseException):
+    """SIGINT or SIGTERM, raised where the main thread is by :func:`raise_on_signals`. A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` takes it for an error of the work it stops."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum, self.exit_status = signum, 128 + signum
+
+
+@contextmanager
+def raise_on_signals() -> Iterator[None]:
+    """Raise SIGINT and SIGTERM as :class:`Signalled` wherever the main thread is, for the duration of the block:
+    for work that has nothing to finish or save first (loading, translating, averaging), which then unwinds as an
+    error does (an atomic file's temporary is removed, the old file kept). Later signals are ignored while it
+    unwinds, which takes moments, so that a second Ctrl-C cannot cut its cleaning up short."""
+    def handle(signum: int, frame: FrameType | None) -> None:
+        for handled in HANDLED:
+            signal.signal(handled, signal.SIG_IGN)
+        raise Signalled(signum)
+
+    previous = {}
+    try:
+        for signum in HANDLED:
+            previous[signum] = signal.signal(signum, handle)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def exit_on_signals(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status, for a command that stops at once on SIGINT or SIGTERM (revnmt-translate,
+    revnmt-average, revnmt-memory, revnmt-prepare; see :func:`raise_on_signals`): then one line
+    (``PROG: interrupted by SIGTERM``) and 128 + the signal's number."""
+    try:
+        with raise_on_signals():
+            return run()
+    except Signalled as stop:
+        print(f"{prog}: {stop}", file=sys.stderr)
+        return stop.exit_status

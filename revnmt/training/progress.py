@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from revnmt.atomic import open_for_appending
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
 
@@ -31,8 +32,9 @@ def logging_to(log_file: str | os.PathLike[str] | None, level: int = logging.INF
     of a run, each line after ``label`` (which tells the processes of a distributed run apart)."""
     root = logging.getLogger()
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file is not None:
-        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    log_stream = None if log_file is None else open_for_appending(log_file)  # never through a symlink
+    if log_stream is not None:
+        handlers.append(logging.StreamHandler(log_stream))
     old_level = root.level
     for handler in handlers:
         handler.setFormatter(logging.Formatter(label.replace("%", "%%") + LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
@@ -44,6 +46,8 @@ def logging_to(log_file: str | os.PathLike[str] | None, level: int = logging.INF
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
+        if log_stream is not None:
+            log_stream.close()
         root.setLevel(old_level)
 
 
@@ -84,10 +88,12 @@ class StepReporter:
         if self._tokens:  # the steps since the last log line (all of them if the bar has gone)
             self._log()
 
-    def step(self, step: int, batch: int, loss: torch.Tensor, n_tokens: int, lr: float) -> None:
-        """Account for one update: ``loss`` summed over ``n_tokens`` target tokens."""
-        self._loss = self._loss + loss.detach()
-        self._tokens += n_tokens
+    def step(self, step: int, batch: int, loss: torch.Tensor | None, n_tokens: int, lr: float) -> None:
+        """Account for one update: ``loss`` summed over ``n_tokens`` target tokens (None: the update was skipped,
+        and counts in neither the mean loss nor the throughput)."""
+        if loss is not None:
+            self._loss = self._loss + loss.detach()
+            self._tokens += n_tokens
         self._step, self._batch, self._lr = step, batch, lr
         if self._bar is not None:
             self._bar.update(1)
@@ -103,7 +109,7 @@ class StepReporter:
         self._reset()
 
     def _summary(self) -> str:
-        loss = float(self._loss) / max(self._tokens, 1)
+        loss = float(self._loss) / self._tokens if self._tokens else math.nan  # nan: every update skipped
         rate = self._tokens / max(time.monotonic() - self._start, 1e-9)
         return (f"loss {loss:.3f} | ppl {math.exp(min(loss, 50)):.1f} | lr {self._lr:.2e} | {rate:.0f} tok/s | "
                 f"{self.memory()}")

@@ -5,7 +5,10 @@ Batch order is a pure function of (seed, epoch), so a resumed run rebuilds the e
 skips those already trained on, and makes the same updates as a run that was never interrupted.
 A signal (Ctrl-C, SIGTERM) ends the run after the current update with such a checkpoint
 (:mod:`.interrupts`), and a batch whose reversal fails is trained by backpropagation instead
-(:func:`compute_gradients`), so neither loses work.
+(:func:`compute_gradients`), so neither loses work. Divergence is a fault, not a result: an update whose
+loss or gradients are not finite, or whose fixed-point state overflows, is skipped (:func:`clip_and_step`);
+``--max-nonfinite`` of them in a row, or weights that are not finite, stop the run (:class:`Diverged`)
+before such weights are saved; and a dev score that is not finite never makes best.pt.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from buffers import FixedPointOverflowError
+from revnmt.atomic import atomic_write_text, open_for_appending
 from revnmt.checkpoint import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
@@ -38,7 +44,7 @@ from revnmt.rnn import ReversalError
 from revnmt.translator import Translator, evaluate
 
 from .config import RunConfig
-from .interrupts import Interrupted, StopRequest
+from .interrupts import Interrupted, Signalled, StopRequest, raise_on_signals
 from .progress import StepReporter, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
 
@@ -57,13 +63,22 @@ class TooManyFallbacks(RuntimeError):
     """More batches than ``--max-reversal-fallbacks`` allows needed backpropagation instead of reversal."""
 
 
+class Diverged(RuntimeError):
+    """``--max-nonfinite`` updates in a row were skipped, or the weights are not finite: nothing more is saved."""
+
+
 @dataclass(frozen=True)
 class Gradients:
-    """What :func:`compute_gradients` did: the batch's summed loss, and the error that made it fall back
-    to backpropagation (None when reversal succeeded)."""
+    """What :func:`compute_gradients` did: the batch's summed loss, the error that made it fall back
+    to backpropagation (None when reversal succeeded), and the overflow that left it without gradients."""
 
     loss: torch.Tensor
     reversal_error: ReversalError | None = None
+    overflow: FixedPointOverflowError | None = None
+
+    def skip_reason(self) -> str:
+        """Why an update on these gradients was skipped, for the log."""
+        return str(self.overflow) if self.overflow is not None else "non-finite loss or gradients"
 
 
 def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
@@ -77,7 +92,20 @@ def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
     backpropagation through the same fixed-point model (``train_step_autograd``), with the same dropout
     masks (the generators are rewound): the gradients reversal would have given, at the memory cost of an
     ordinary model for this one batch.
+
+    A fixed-point state that leaves its range (:class:`FixedPointOverflowError`: diverging weights) leaves no
+    gradients: the loss is NaN and every gradient zero, so that the update is skipped as any other with a
+    non-finite loss (:func:`clip_and_step`), and a torchrun rank still has gradients to all-reduce.
     """
+    try:
+        return _gradients(model, parts)
+    except FixedPointOverflowError as overflow:
+        for param in model.parameters():
+            param.grad = torch.zeros_like(param)
+        return Gradients(torch.tensor(math.nan, device=next(model.parameters()).device), overflow=overflow)
+
+
+def _gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
     rewind = _torch_rng_state()
     try:
         return Gradients(_accumulate(model, parts, model.train_step))
@@ -104,11 +132,29 @@ def _set_torch_rng_state(state: tuple[torch.Tensor, list[torch.Tensor]]) -> None
         torch.cuda.set_rng_state_all(cuda)
 
 
-def clip_and_step(optimizer: torch.optim.Optimizer, clip: float) -> None:
-    """Clip the gradient norm of ``optimizer``'s parameters to ``clip`` (0: no clipping), then step."""
+def clip_and_step(optimizer: torch.optim.Optimizer, clip: float, loss: torch.Tensor) -> bool:
+    """Clip the gradient norm of ``optimizer``'s parameters to ``clip`` (0: no clipping) and step, unless
+    ``loss`` or the gradient norm is not finite (NaN, inf): then drop the gradients and skip the step. Returns
+    whether it stepped.
+
+    The verdict is read on the host: one sync per update on CUDA, where the next batch's blocking copy to the
+    device waits for this update anyway; all it costs is the overlap of the optimizer's kernel launches with
+    the end of the backward pass.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # clip_grad_norm_ computes the total norm anyway (and returns it); without clipping, the norm alone
     if clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if not bool(torch.isfinite(norm) & torch.isfinite(loss)):
+        optimizer.zero_grad(set_to_none=True)
+        return False
     optimizer.step()
+    return True
+
+
+EPOCH_END, MAX_STEPS = "end of epoch", "max steps"  # where a validation is due (TrainerState.validation_due)
 
 
 @dataclass
@@ -117,7 +163,7 @@ class TrainerState:
 
     epoch: int = 1  # the epoch in progress, from 1
     batch_in_epoch: int = 0  # batches of ``sampler.batches(epoch)`` already trained on
-    step: int = 0  # updates so far
+    step: int = 0  # updates so far, skipped ones included
     best_bleu: float = -1.0  # of all validations (best.pt); below any score, so the first one counts
     best_step: int = 0
     # --patience compares end-of-epoch dev BLEU with the best end-of-epoch dev BLEU only, so that a
@@ -128,6 +174,10 @@ class TrainerState:
     train_tokens: int = 0  # target tokens of this process's updates, for throughput
     train_s: float = 0.0  # time in this process's update loop alone (no validation), over all sessions
     reversal_fallbacks: int = 0  # batches trained by backpropagation because reversal failed
+    nonfinite_in_a_row: int = 0  # the last updates, skipped for a non-finite loss or gradients (or an overflow)
+    # The validation the position calls for and a signal interrupted, done first by a resumed run: EPOCH_END or
+    # MAX_STEPS (a --max-steps stop inside an epoch); None when none is due.
+    validation_due: str | None = None
 
 
 @dataclass(frozen=True)
@@ -266,14 +316,24 @@ class Trainer:
         logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters", self.state.epoch,
                     self.state.step, len(self.sampler.batches(self.state.epoch)),
                     sum(p.numel() for p in self.model.parameters()))
-        while (reason := self.stop_reason()) is None:
-            epoch_done = self._train_epoch()
+        max_steps = self.config.training.max_steps
+        # self.state, not a local name for it: a torchrun rank takes rank 0's state object after a validation
+        while self.state.validation_due is not None or (reason := self.stop_reason()) is None:
+            if self.state.validation_due is None:
+                epoch_done = self._train_epoch()
+                self._check_weights()  # before the checkpoint of a stop or a validation
+                if epoch_done or (max_steps is not None and self.state.step >= max_steps):
+                    self.state.validation_due = EPOCH_END if epoch_done else MAX_STEPS
+            if self.state.validation_due is not None and not self._should_stop():
+                try:
+                    self._validate(end_of_epoch=self.state.validation_due == EPOCH_END)
+                except Signalled as signalled:  # in the dev translation: saved as due, the resumed run validates
+                    self.stop.request(signalled.signum)
             if self._should_stop():
                 logger.warning("%s received: saving %s at step %d", signal.Signals(self.stop.signum).name,
                                LAST_CHECKPOINT, self.state.step)
                 self._save(best=False)
                 raise Interrupted(self.stop.signum, self.state.step)
-            self._validate(end_of_epoch=epoch_done)
         logger.info("training stopped: %s; best dev BLEU %.2f at step %d", reason, self.state.best_bleu,
                     self.state.best_step)
         return reason
@@ -296,12 +356,13 @@ class Trainer:
                 if self.guard is not None:
                     self._check_budget(batches[first + self.rank], parts)
                 state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
-                n_tokens = sum(part.n_tokens for part in parts)
+                n_tokens = sum(part.n_tokens for part in parts) if loss is not None else 0
                 # Counted per step (not per epoch) so that a --save-every checkpoint carries it.
                 state.train_tokens += n_tokens
                 state.train_s += time.monotonic() - tick
                 self.reporter.step(state.step, state.batch_in_epoch, loss, n_tokens, current_lr(self.optimizer))
                 if cfg.save_every and state.step % cfg.save_every == 0:
+                    self._check_weights()
                     self._save(best=False)
                 tick = time.monotonic()
                 if cfg.max_steps is not None and state.step >= cfg.max_steps:
@@ -336,13 +397,14 @@ class Trainer:
         """Whether a signal asked the run to stop (between updates)."""
         return self.stop.requested()
 
-    def _update(self, parts: list[Batch], where: str) -> torch.Tensor:
+    def _update(self, parts: list[Batch], where: str) -> torch.Tensor | None:
         """One optimizer step on the batch made of ``parts`` (``where`` names it for the log); returns its
-        summed loss."""
+        summed loss, or None if the update was skipped (:meth:`_count_skipped`)."""
         gradients = compute_gradients(self.model, parts)
         self._count_fallbacks(int(gradients.reversal_error is not None), where, gradients.reversal_error)
-        clip_and_step(self.optimizer, self.config.training.clip)
-        return gradients.loss
+        stepped = clip_and_step(self.optimizer, self.config.training.clip, gradients.loss)
+        self._count_skipped(None if stepped else gradients.skip_reason(), where)
+        return gradients.loss if stepped else None
 
     def _count_fallbacks(self, new: int, where: str, error: Exception | str | None) -> None:
         """Count ``new`` batches of the coming update (step + 1) trained by backpropagation after a failed
@@ -362,32 +424,71 @@ class Trainer:
                 f"--max-reversal-fallbacks {share:g} allows: see the warnings in train.log (resuming with "
                 f"another --buffer-backend may avoid the fault)")
 
+    def _count_skipped(self, reason: str | None, where: str) -> None:
+        """Count the coming update (step + 1) as skipped for ``reason``, or (None) end a run of skipped ones;
+        Diverged once ``--max-nonfinite`` in a row were skipped. A skipped update changed nothing, so the
+        weights, and the last checkpoint, are still those of the last update made."""
+        state, limit = self.state, self.config.training.max_nonfinite
+        if reason is None:
+            state.nonfinite_in_a_row = 0
+            return
+        state.nonfinite_in_a_row += 1
+        logger.warning("%s: %s; the update was skipped (%d in a row)", where, reason, state.nonfinite_in_a_row)
+        if state.nonfinite_in_a_row >= limit:
+            raise Diverged(f"training diverged at step {state.step + 1}: {state.nonfinite_in_a_row} updates in a row "
+                           f"had a non-finite loss or gradients (--max-nonfinite {limit}); {self._kept()}")
+
+    def _check_weights(self) -> None:
+        """Diverged if a weight is not finite (an update with finite gradients can still make it so): such
+        weights are never saved. Between epochs and before a --save-every checkpoint, on every rank alike."""
+        if not bool(torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()):
+            raise Diverged(f"training diverged at step {self.state.step}: the weights are not finite; {self._kept()}")
+
+    def _kept(self) -> str:
+        """What a stop for divergence leaves, and what to do about it."""
+        kept = f"the checkpoint of step {self.saved_step} is kept" if self.saved_step is not None else \
+            "no checkpoint was saved"
+        return f"{kept} (resuming with a lower --lr or --clip may avoid the fault)"
+
     # ------------------------------------------------------------------ validation
 
     def evaluate(self) -> Validation:
-        """Dev loss per token (teacher forcing) and sacreBLEU of the dev translations."""
+        """Dev loss per token (teacher forcing) and sacreBLEU of the dev translations; both NaN if the
+        model's fixed-point state overflows (diverging weights). A signal stops it at once (:class:`Signalled`):
+        it changes nothing a resumed run would not do again."""
         self.model.eval()
-        total, tokens = 0.0, 0
-        for indices in sorted_batches(self.data.valid.lengths, self.eval_batch_size):
-            batch = make_batch(self.data.valid, indices).to(self.device)
-            total += self.model.loss(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out).item()
-            tokens += batch.n_tokens
-        hyps = self.translator.translate(self.data.valid_text.src, beam=self.config.training.valid_beam,
-                                         batch_size=self.eval_batch_size, progress=self.reporter.use_bar)
+        try:
+            with self._stop_at_once():
+                total, tokens = 0.0, 0
+                for indices in sorted_batches(self.data.valid.lengths, self.eval_batch_size):
+                    batch = make_batch(self.data.valid, indices).to(self.device)
+                    total += self.model.loss(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out).item()
+                    tokens += batch.n_tokens
+                hyps = self.translator.translate(self.data.valid_text.src, beam=self.config.training.valid_beam,
+                                                 batch_size=self.eval_batch_size, progress=self.reporter.use_bar)
+        except FixedPointOverflowError as overflow:
+            logger.warning("dev set: %s", overflow)
+            return Validation(loss=math.nan, bleu=math.nan)
+        finally:
+            self.model.train()
         scores = evaluate(hyps, self.data.valid_text.tgt, self.data.options)
         for line in scores.lines():
             logger.info("dev %s", line)
-        self.model.train()
         return Validation(loss=total / tokens, bleu=scores.sacrebleu.score)
+
+    def _stop_at_once(self) -> AbstractContextManager:
+        """Where a signal stops validation at once (raising :class:`Signalled`) rather than after it."""
+        return raise_on_signals()
 
     def _validate(self, end_of_epoch: bool) -> None:
         state, epoch, lr = self.state, self.state.epoch, current_lr(self.optimizer)
         result = self.evaluate()
-        improved = result.bleu > state.best_bleu
+        finite = math.isfinite(result.loss) and math.isfinite(result.bleu)  # else a diverged model's: never best
+        improved = finite and result.bleu > state.best_bleu
         if improved:
             state.best_bleu, state.best_step = result.bleu, state.step
         if end_of_epoch:
-            if result.bleu > state.epoch_best_bleu:
+            if finite and result.bleu > state.epoch_best_bleu:
                 state.epoch_best_bleu, state.bad_epochs = result.bleu, 0
             else:
                 state.bad_epochs += 1
@@ -395,14 +496,16 @@ class Trainer:
             if current_lr(self.optimizer) < lr:
                 logger.info("dev loss did not improve: learning rate %.2e -> %.2e", lr, current_lr(self.optimizer))
             state.epoch, state.batch_in_epoch = epoch + 1, 0
+        state.validation_due = None
         logger.info("validation after epoch %d%s, step %d: dev loss %.3f | ppl %.2f | BLEU %.2f%s", epoch,
                     "" if end_of_epoch else " (part)", state.step, result.loss, result.ppl, result.bleu,
-                    " (best)" if improved else f" (best {state.best_bleu:.2f} at step {state.best_step})")
+                    " (best)" if improved else f"{'' if finite else ' (not finite)'} (best {state.best_bleu:.2f} at "
+                    f"step {state.best_step})")
         row = (epoch, state.step, f"{result.loss:.4f}", f"{result.ppl:.2f}", f"{result.bleu:.2f}", f"{lr:.3g}",
                f"{self.elapsed():.0f}")
-        with open(self.save_dir / VALID_TSV, "a", encoding="utf-8") as f:
+        with open_for_appending(self.save_dir / VALID_TSV) as f:
             f.write("\t".join(map(str, row)) + "\n")
         self._save(best=improved, numbered=True)
 
     def _write_tsv_header(self) -> None:
-        (self.save_dir / VALID_TSV).write_text("\t".join(VALID_COLUMNS) + "\n", encoding="utf-8")
+        atomic_write_text(self.save_dir / VALID_TSV, "\t".join(VALID_COLUMNS) + "\n")

@@ -3,13 +3,15 @@ that are no regular files (devices, FIFOs, /dev/stdout) written in place, never 
 
 import errno
 import os
+import signal
 import stat
 import threading
 
 import pytest
 from conftest import device_node
 
-from revnmt.atomic import atomic_file, atomic_write_bytes, check_output, write_output_text
+from revnmt.atomic import atomic_file, atomic_write_bytes, check_output, same_file, write_output_text
+from revnmt.training.interrupts import Signalled
 
 
 def test_atomic_write_replaces_and_leaves_no_temp_file(tmp_path):
@@ -124,3 +126,55 @@ def test_check_output_says_why_a_place_cannot_be_written(tmp_path, where, messag
     with pytest.raises(OSError, match=message):
         check_output(tmp_path / where)
     assert sorted(os.listdir(tmp_path)) == ["file", "folder"]
+
+
+@pytest.mark.parametrize("interruption", [SystemExit(143), Signalled(signal.SIGTERM)], ids=["exit", "SIGTERM"])
+def test_an_interruption_inside_the_block_leaves_no_temporary_file(tmp_path, interruption):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(type(interruption)), atomic_file(path) as file:
+        file.write(b"half of the new")
+        raise interruption
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.bin"]
+
+
+@pytest.fixture
+def umask():
+    """Sets the process's umask for a test (``umask(0o077)``), and restores it after."""
+    before = os.umask(0o022)
+    yield os.umask
+    os.umask(before)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)])
+def test_a_new_file_gets_the_mode_the_umask_leaves(tmp_path, umask, mask, mode):
+    umask(mask)
+    atomic_write_bytes(tmp_path / "f.bin", b"new")
+    write_output_text(tmp_path / "out.txt", "new\n")
+    assert [stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("f.bin", "out.txt")] == [mode, mode]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o604, 0o755])
+def test_a_replaced_file_keeps_its_mode_whatever_the_umask(tmp_path, umask, mode):
+    umask(0o022)
+    for name in ("f.bin", "target"):
+        (tmp_path / name).write_bytes(b"old")
+        (tmp_path / name).chmod(mode)
+    (tmp_path / "link").symlink_to("target")
+    atomic_write_bytes(tmp_path / "f.bin", b"new")
+    write_output_text(tmp_path / "link", "new\n")  # the file the link names
+    assert [stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("f.bin", "target")] == [mode, mode]
+    assert (tmp_path / "f.bin").read_bytes() == b"new" and (tmp_path / "target").read_text() == "new\n"
+
+
+def test_same_file_compares_regular_files_by_inode(tmp_path):
+    (tmp_path / "a").write_text("a\n")
+    (tmp_path / "b").write_text("a\n")
+    os.link(tmp_path / "a", tmp_path / "hard")
+    (tmp_path / "soft").symlink_to("a")
+    assert same_file(tmp_path / "a", tmp_path / "hard") and same_file(tmp_path / "soft", tmp_path / "a")
+    assert same_file(tmp_path / "new", tmp_path / "sub" / ".." / "new")  # one file to be
+    assert not same_file(tmp_path / "a", tmp_path / "b") and not same_file(tmp_path / "new", tmp_path / "a")
+    # written in place, and so never replacing anything: a device, also the terminal that -i /dev/stdin reads
+    null = device_node(tmp_path, "null")
+    assert not same_file(null, null)

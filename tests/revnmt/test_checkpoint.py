@@ -1,4 +1,11 @@
+import errno
+import io
+import os
+import pickle
 import random
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -6,6 +13,9 @@ import pytest
 import torch
 
 from revnmt.checkpoint import (
+    RESUMING,
+    TRANSLATING,
+    CheckpointError,
     load_checkpoint,
     numbered_checkpoint_name,
     numbered_checkpoints,
@@ -15,6 +25,8 @@ from revnmt.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from revnmt.data import DataOptions, Vocabulary
+from revnmt.model import ModelConfig, build_model
 
 
 def _draw() -> tuple:
@@ -56,7 +68,7 @@ def test_truncated_checkpoint_gives_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "last.pt"
     save_checkpoint(path, {"w": torch.zeros(1000)})
     path.write_bytes(path.read_bytes()[:200])
-    with pytest.raises(RuntimeError, match=r"cannot load checkpoint .*last\.pt"):
+    with pytest.raises(CheckpointError, match=r"cannot load checkpoint .*last\.pt: truncated"):
         load_checkpoint(path)
 
 
@@ -104,3 +116,146 @@ def test_numbered_checkpoints_sort_by_step_and_the_oldest_are_pruned(tmp_path: P
     assert {path.name for path in tmp_path.iterdir()} == others | set(names[-2:])
     prune_numbered_checkpoints(tmp_path, keep=5)
     assert [path.name for path in numbered_checkpoints(tmp_path)] == names[-2:]
+
+
+def _translatable(**changes) -> dict:
+    """A checkpoint to translate with, of a tiny model; ``changes`` replace its entries."""
+    torch.manual_seed(0)
+    vocab = Vocabulary(["a", "man", "dog"])
+    config = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2, src_vocab=len(vocab),
+                         tgt_vocab=len(vocab))
+    state = {"model_config": config.to_dict(), "model": build_model(config).state_dict(), "src_vocab": vocab.itos,
+             "tgt_vocab": vocab.itos, "data": DataOptions("en", "de", lowercase=True, max_len=5).to_dict()}
+    return {**state, **changes}
+
+
+def _flip(path: Path, record: str, count: int) -> None:
+    """Invert ``count`` bytes in the middle of the zip record ``record`` of ``path``, as a failing disk might."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(record)
+    data = bytearray(path.read_bytes())
+    # The record's bytes follow its local header: 30 bytes, then its name and an extra field (torch's padding to
+    # align the data), whose lengths the header ends with.
+    header = info.header_offset
+    name_length, extra_length = (int.from_bytes(data[at:at + 2], "little") for at in (header + 26, header + 28))
+    start = header + 30 + name_length + extra_length + (info.file_size - count) // 2
+    data[start:start + count] = bytes(255 - byte for byte in data[start:start + count])
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_tensor_bytes_are_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"w": torch.randn(4096)})  # 16 KiB in one record, data/0
+    record = next(name for name in zipfile.ZipFile(path).namelist() if name.endswith("/data/0"))
+    _flip(path, record, 4096)
+    with pytest.raises(CheckpointError, match=rf"^cannot load checkpoint {path}: damaged: its record {record} does "
+                       "not match its CRC-32$"):
+        load_checkpoint(path)
+
+
+# Unpickled, this makes a folder: code a checkpoint runs when loaded without weights_only.
+class _Payload:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.folder),)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_whatever_the_environment_says(tmp_path: Path) -> None:
+    path, ran = tmp_path / "last.pt", tmp_path / "ran"
+    save_checkpoint(path, {**_translatable(), "trainer": _Payload(ran)})
+    # In a new process's environment, as a user sets it: torch.load without weights_only=True would then
+    # unpickle anything.
+    loading = f"from revnmt.checkpoint import load_checkpoint; load_checkpoint({str(path)!r})"
+    done = subprocess.run([sys.executable, "-c", loading], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    assert done.returncode == 1 and not ran.exists()
+    assert done.stderr.splitlines()[-1] == (f"revnmt.checkpoint.CheckpointError: cannot load checkpoint {path}: it "
+                                            "holds more than tensors and plain data, and loading it could run code: "
+                                            "refused")
+
+
+def _state_dict() -> dict:
+    return _translatable()["model"]
+
+
+def _missing(*keys: str) -> dict:
+    return {key: value for key, value in _translatable().items() if key not in keys}
+
+
+def _resized(name: str) -> dict:
+    state = _translatable()
+    state["model"] = {**state["model"], name: torch.zeros(3, 3)}
+    return state
+
+
+@pytest.mark.parametrize("state, message", [
+    (_state_dict(), "not a revnmt checkpoint (it has no model_config, model, src_vocab, tgt_vocab, data)"),
+    ([1, 2, 3], "not a revnmt checkpoint (it holds a list, not a dict)"),
+    (_missing("src_vocab", "data"), "not a revnmt checkpoint (it has no src_vocab, data)"),
+    (_translatable(model=[1, 2]), "its model is a list, not a dict"),
+    (_translatable(model={"w": [1.0]}), "its model holds more than tensors"),
+    (_translatable(tgt_vocab=["a", "b"]), "its tgt_vocab is not a vocabulary: strings that begin with <pad>"),
+    (_translatable(src_vocab=[*_translatable()["src_vocab"], "a"]), "its src_vocab is not a vocabulary "
+     "(duplicate vocabulary entries"),
+    (_translatable(data={"src": "en"}), "its data options have no tgt, lowercase, max_len"),
+    (_translatable(model_config={"rnn": "transformer"}), "its model_config is not valid (unknown --rnn"),
+    (_translatable(model_config={"layers": 2, "colour": "red"}), "its model_config is not valid ("
+     "ModelConfig.__init__() got an unexpected keyword argument 'colour')"),
+    (_translatable(src_vocab=[*_translatable()["src_vocab"], "cat"]), "its src_vocab has 8 entries, its "
+     "model_config 7"),
+    (_resized("generator.bias"), "its weight generator.bias is (3, 3) torch.float32, its model_config makes (7,) "
+     "torch.float32"),
+    (_missing("model") | {"model": {"bias": torch.zeros(1)}}, "its weights are not those of its model_config ("),
+], ids=["state_dict", "list", "missing-keys", "model-list", "model-lists", "vocab-specials", "vocab-duplicate",
+        "data-options", "unknown-rnn", "unknown-option", "vocab-size", "weight-shape", "weight-names"])
+def test_a_file_that_is_no_revnmt_checkpoint_is_refused_naming_it(tmp_path: Path, state, message: str) -> None:
+    path = tmp_path / "foreign.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path, needs=TRANSLATING)
+    assert str(refused.value).startswith(f"cannot load checkpoint {path}: {message}")
+
+
+def test_a_pickle_that_torch_did_not_write_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "list.pt"
+    path.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(CheckpointError, match="truncated, or not a checkpoint \\(not a zip archive"):
+        load_checkpoint(path)
+
+
+def test_resuming_needs_the_training_state_and_translating_does_not(tmp_path: Path) -> None:
+    path = tmp_path / "average.pt"
+    save_checkpoint(path, {**_translatable(), "args": {}})
+    assert load_checkpoint(path, needs=TRANSLATING)["args"] == {}
+    with pytest.raises(CheckpointError, match="it has no optimizer, scheduler, trainer, rng\\)$"):
+        load_checkpoint(path, needs=RESUMING)
+
+
+class _FailingWrites(io.BufferedWriter):
+    """A file whose writes raise ``error`` once ``limit`` bytes were written."""
+
+    limit, error = 0, BaseException()
+
+    def write(self, data) -> int:
+        if self.tell() + len(data) > self.limit:
+            raise self.error
+        return super().write(data)
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), KeyboardInterrupt()],
+                         ids=["full-disk", "ctrl-c"])
+def test_a_save_failing_halfway_raises_why_and_keeps_the_old_file(tmp_path: Path, monkeypatch, error) -> None:
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, _translatable())
+    old = path.read_bytes()
+    monkeypatch.setattr(_FailingWrites, "limit", len(old) // 4)
+    monkeypatch.setattr(_FailingWrites, "error", error)
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: _FailingWrites(io.FileIO(fd, "w")))
+    # as it was raised, not torch's RuntimeError ("unexpected pos") that says nothing of the disk
+    with pytest.raises(type(error)) as raised:
+        save_checkpoint(path, _translatable(data={"src": "en", "tgt": "de", "lowercase": False, "max_len": 9}))
+    assert raised.value is error
+    monkeypatch.undo()
+    assert path.read_bytes() == old and os.listdir(tmp_path) == ["last.pt"]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
+from revnmt.ensemble import Ensemble
 from revnmt.length_penalty import LengthPenalty
 from revnmt.model import Encoded, ModelConfig, Seq2Seq, build_model
 from revnmt.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
@@ -128,3 +129,39 @@ def test_the_length_penalty_decides_between_a_short_and_a_long_translation(alpha
     assert beam_search(model, src, src_len, beam=2, length_penalty=LengthPenalty(alpha, kind)) == [expected]
     if (alpha, kind) == (1.0, "average"):  # the default
         assert beam_search(model, src, src_len, beam=2) == [expected]
+
+
+class NonFinite(ScriptedModel):
+    """Every next-token log-probability is ``value`` (NaN, inf: a diverged model's), except for PAD and BOS."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def decode_step(self, enc, state, prev):
+        return torch.full((len(prev), 6), self.value), state
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("beam", [1, 5])
+def test_non_finite_scores_end_the_search_with_one_output_per_sentence(value, beam):
+    src, src_len = torch.tensor([[4, 4, 4], [5, 5, 0]]), torch.tensor([3, 2])
+    outputs = beam_search(NonFinite(value), src, src_len, beam=beam)
+    assert len(outputs) == 2
+    for ids, limit in zip(outputs, output_limits(src_len)):
+        assert len(ids) <= limit and not {PAD, BOS, EOS} & set(ids)
+    assert len(greedy(NonFinite(value), src, src_len)) == 2
+
+
+@pytest.mark.parametrize("fill", [math.nan, math.inf, 1e30])
+@pytest.mark.parametrize("beam", [1, 5])
+def test_models_with_non_finite_weights_translate_alone_and_in_an_ensemble(fill, beam):
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn="gru", emb_dim=16, hidden_size=16, dropout=0.0, attention="hidden", src_vocab=VOCAB,
+                      tgt_vocab=VOCAB)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(fill)
+    src, src_len, _, _ = _copy_batch(torch.Generator().manual_seed(0), batch=4)
+    for decoder in (model, Ensemble([model, build_model(cfg).eval()])):
+        assert len(beam_search(decoder, src, src_len, beam=beam)) == 4

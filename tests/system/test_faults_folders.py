@@ -112,19 +112,21 @@ def test_prepared_data_is_never_written_over_a_file(run_dir, tmp_path):
     assert notes.read_text() == "mine\n"
 
 
-def test_a_lock_file_that_links_elsewhere_is_never_written(run_dir, tmp_path):
+@pytest.mark.parametrize("name, link, message", [(".lock", os.symlink, "symbolic link"),
+                                                  (".lock", os.link, "not revnmt's lock file"),
+                                                  ("train.log", os.symlink, "symbolic links")])
+def test_a_run_file_that_links_elsewhere_is_never_written(run_dir, tmp_path, name, link, message):
     run, corpus = run_dir
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
-    for name, link, message in (("soft", os.symlink, "symbolic link"), ("hard", os.link, "not revnmt's lock file")):
-        copy = tmp_path / name
-        subprocess.run(["cp", "-a", str(run), str(copy)], check=True)
-        (copy / ".lock").unlink()
-        link(victim, copy / ".lock")
-        done = _run("revnmt-train", "--train", corpus["train"], "--valid", corpus["valid"], "--save-dir", str(copy),
-                    *TINY, "--max-steps", "4")
-        _refused(done, message)
-        assert victim.read_text() == "precious\n"
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(run), str(copy)], check=True)
+    (copy / name).unlink()
+    link(victim, copy / name)
+    done = _run("revnmt-train", "--train", corpus["train"], "--valid", corpus["valid"], "--save-dir", str(copy),
+                *TINY, "--max-steps", "4")
+    _refused(done, message)
+    assert victim.read_text() == "precious\n"
 
 
 def test_a_run_made_before_markers_resumes(run_dir, tmp_path):

@@ -1,8 +1,15 @@
 """revnmt-average on a toy run trained with --keep-checkpoints, and what translates with its output: the
 averaged checkpoint, and the run's checkpoints as an ensemble. Mistakes are one line and status 2."""
 
+import errno
+import io
 import json
 import logging
+import os
+import re
+import signal
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -101,3 +108,67 @@ def test_averaging_mistakes_are_one_line_and_leave_the_inputs_alone(run, tmp_pat
 def test_revnmt_average_is_a_console_script():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["revnmt-average"] == "revnmt.cli.average:main"
+
+
+def _damaged(path: Path) -> bytes:
+    """``path``'s bytes with 4 KiB inverted in the middle of its largest tensor record."""
+    with zipfile.ZipFile(path) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    start = record.header_offset + 30 + len(record.filename.encode()) + len(record.extra) + record.file_size // 2
+    data[start:start + 4096] = bytes(255 - byte for byte in data[start:start + 4096])
+    return bytes(data)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda state, path: path.write_bytes(_damaged(path)), "damaged: its record .* does not match its CRC-32"),
+    (lambda state, path: torch.save(state["model"], path), r"not a revnmt checkpoint \(it has no model_config"),
+    (lambda state, path: torch.save(list(state), path), r"not a revnmt checkpoint \(it holds a list, not a dict\)"),
+    (lambda state, path: torch.save({**state, "tgt_vocab": None}, path), "its tgt_vocab is a NoneType, not a list"),
+    (lambda state, path: torch.save({**state, "model": {**state["model"], "generator.bias": torch.zeros(3)}}, path),
+     r"its weight generator.bias is \(3,\) torch.float32, its model_config makes \(\d+,\) torch.float32"),
+], ids=["damaged", "state_dict", "list", "vocab", "weight-shape"])
+def test_a_damaged_or_foreign_checkpoint_is_one_line_naming_it(run, tmp_path, capsys, make, message):
+    kept = numbered_checkpoints(run)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(kept[0].read_bytes())
+    make(load_checkpoint(kept[0]), bad)
+    assert average.main([str(bad), "-o", str(tmp_path / "a.pt")]) == 2
+    assert re.search(f"error: cannot load checkpoint {bad}: {message}", _one_line_error(capsys))
+    assert sorted(os.listdir(tmp_path)) == ["bad.pt"]
+
+
+class _FullDisk(io.BufferedWriter):
+    """A file on a disk with room for 4 KiB."""
+
+    def write(self, data) -> int:
+        if self.tell() + len(data) > 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(data)
+
+
+def test_a_full_disk_while_writing_the_average_keeps_the_old_file(run, tmp_path, monkeypatch, capsys):
+    output = tmp_path / "average.pt"
+    output.write_bytes(b"an older average")
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: _FullDisk(io.FileIO(fd, "w")))
+    assert average.main([str(run), "-o", str(output)]) == 2
+    assert f"error: cannot write {output}: No space left on device" in _one_line_error(capsys)
+    assert output.read_bytes() == b"an older average" and os.listdir(tmp_path) == ["average.pt"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_averaging_with_one_line_and_its_status(run, tmp_path, monkeypatch, capsys, signum):
+    def interrupted(paths):
+        os.kill(os.getpid(), signum)
+        time.sleep(10)
+        pytest.fail(f"{signal.Signals(signum).name} did not interrupt")
+
+    before = {number: signal.signal(number, signal.default_int_handler) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:  # SIGTERM fails the test (a KeyboardInterrupt), rather than killing it, unless revnmt-average handles it
+        monkeypatch.setattr(average, "average_checkpoints", interrupted)
+        assert average.main([str(run), "-o", str(tmp_path / "a.pt")]) == 128 + signum
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    assert capsys.readouterr().err == f"revnmt-average: interrupted by {signal.Signals(signum).name}\n"
+    assert os.listdir(tmp_path) == []

@@ -19,9 +19,9 @@ def test_a_subword_run_keeps_its_model_and_translates_raw_text_from_the_checkpoi
                                                                                           capsys):
     run = tmp_path / "run"
     assert train(run, *SUBWORD, "--max-steps", "3", "--test", toy["test"], "--test-beam", "2") == 0
-    assert {p.name for p in run.iterdir()} == {".lock", "data", "config.json", "src.vocab", "tgt.vocab", "spm.model",
-                                               "last.pt", "best.pt", "train.log", "valid.tsv", "test.hyp",
-                                               "test.json"}
+    assert {p.name for p in run.iterdir()} == {".lock", ".revnmt", "data", "config.json", "src.vocab", "tgt.vocab",
+                                               "spm.model", "last.pt", "best.pt", "train.log", "valid.tsv",
+                                               "test.hyp", "test.json"}
     model = (run / "spm.model").read_bytes()
     checkpoint = load_checkpoint(run / "best.pt")
     assert checkpoint["data"]["src_spm"] == checkpoint["data"]["tgt_spm"] == model
@@ -118,7 +118,7 @@ def test_training_data_that_cannot_give_the_model_is_one_line_and_nothing_is_wri
     assert train(run, "--subword", "bpe", *options, train_prefix=prefix) == 2
     _assert_one_line_error(capsys, message)
     # no model, vocabulary, config or temporary file
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "train.log"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", ".revnmt", "train.log"]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -134,7 +134,7 @@ def test_a_missing_or_corrupt_model_file_is_one_line_and_nothing_is_written(trai
     run = tmp_path / "run"
     assert train(run, "--spm-model", str(path)) == 2
     _assert_one_line_error(capsys, message)
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "train.log"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", ".revnmt", "train.log"]
 
 
 def test_a_checkpoint_with_a_corrupt_model_is_refused_and_left_as_it_was(train, tmp_path, capsys):

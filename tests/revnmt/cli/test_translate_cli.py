@@ -5,10 +5,14 @@ real command is run in tests/system/test_faults_translate.py."""
 import errno
 import os
 import re
+import signal
 import sys
+import time
 
 import pytest
+from conftest import device_node
 
+from buffers import FixedPointOverflowError
 from revnmt.cli import translate
 from revnmt.length_penalty import LengthPenalty
 
@@ -124,3 +128,77 @@ def test_length_penalty_and_checkpoint_mistakes_are_usage_errors(source, capsys,
     with pytest.raises(SystemExit) as stop:
         translate.main(["--checkpoint", "a.pt", "-i", str(source), *options])
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    (["-i", "in.en", "-o", "in.en"], "-o {in.en} is the same file as -i {in.en}"),
+    (["-i", "in.en", "-o", "hard.en"], "-o {hard.en} is the same file as -i {in.en}"),  # a hard link
+    (["-i", "soft.en", "-o", "in.en"], "-o {in.en} is the same file as -i {soft.en}"),  # a symbolic link
+    (["-i", "in.en", "--reference", "ref.de", "-o", "ref.de"], "-o {ref.de} is the same file as --reference {ref.de}"),
+    (["-i", "in.en", "--reference", "ref.de", "--json", "ref.de"],
+     "--json {ref.de} is the same file as --reference {ref.de}"),
+    (["-i", "in.en", "--reference", "ref.de", "--json", "in.en"], "--json {in.en} is the same file as -i {in.en}"),
+    (["-i", "in.en", "--reference", "ref.de", "-o", "new", "--json", "new"],
+     "-o {new} is the same file as --json {new}"),
+])
+def test_an_output_that_would_replace_an_input_is_refused_before_any_work(source, tmp_path, monkeypatch, capsys,
+                                                                         options, message):
+    (tmp_path / "ref.de").write_text("ein mann\nder hund\n")
+    os.link(source, tmp_path / "hard.en")
+    (tmp_path / "soft.en").symlink_to("in.en")
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    monkeypatch.setattr(translate.Translator, "from_checkpoints", lambda *args: pytest.fail("loaded a checkpoint"))
+    argv = [str(tmp_path / option) if not option.startswith("-") else option for option in options]
+    assert translate.main(["--checkpoint", "any", *argv]) == 2
+    expected = re.sub(r"\{(.*?)\}", lambda name: str(tmp_path / name.group(1)), message)
+    assert f"error: {expected}: choose another" in _one_line_error(capsys)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_a_device_may_be_both_input_and_output(source, tmp_path):
+    null = device_node(tmp_path, "null")  # written in place, never replaced: as -i /dev/stdin -o /dev/stdout on a tty
+    assert translate.main(["--checkpoint", "any", "-i", null, "-o", null]) == 0
+
+
+def _interrupt(signum: int):
+    """A stand-in for work that a signal interrupts: it sends ``signum`` to this process, which raises in it."""
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        time.sleep(10)
+        pytest.fail(f"{signal.Signals(signum).name} did not interrupt")
+    return interrupted
+
+
+@pytest.fixture
+def unhandled_signals_fail():
+    """SIGINT and SIGTERM fail the test unless the command handles them (SIGTERM would kill pytest)."""
+    def unhandled(signum, frame):
+        raise AssertionError(f"{signal.Signals(signum).name} was not handled")
+
+    before = {signum: signal.signal(signum, unhandled) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield unhandled
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where", ["translating", "writing"])
+def test_a_signal_stops_with_one_line_its_status_and_the_old_output(source, tmp_path, monkeypatch, capsys,
+                                                                     unhandled_signals_fail, signum, where):
+    out = tmp_path / "out.de"
+    out.write_text("yesterday's translations\n")
+    monkeypatch.setattr(*(_Shouting, "translate") if where == "translating" else (os, "fsync"), _interrupt(signum))
+    assert translate.main(["--checkpoint", "any", "-i", str(source), "-o", str(out)]) == 128 + signum
+    assert capsys.readouterr().err == f"revnmt-translate: interrupted by {signal.Signals(signum).name}\n"
+    assert out.read_text() == "yesterday's translations\n" and sorted(os.listdir(tmp_path)) == ["in.en", "out.de"]
+    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is unhandled_signals_fail  # restored
+
+
+def test_a_model_whose_states_overflow_is_one_line(source, monkeypatch, capsys):
+    # A checkpoint of a diverged reversible run: its fixed-point states leave their range while encoding.
+    def overflowing(self, lines, **options):
+        raise FixedPointOverflowError("a fixed-point value left the int32 range")
+
+    monkeypatch.setattr(_Shouting, "translate", overflowing)
+    assert translate.main(["--checkpoint", "run", "-i", str(source)]) == 2
+    assert "the model's weights overflow its fixed-point states" in _one_line_error(capsys)

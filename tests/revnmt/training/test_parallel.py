@@ -1,6 +1,7 @@
 """Parallel training on the CPU: Hogwild! worker processes, and torch.distributed ranks started by torchrun."""
 
 import logging
+import math
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ from revnmt.model import ReversibleSeq2Seq, build_model
 from revnmt.training import HogwildTrainer, RunConfig, Trainer, WorkerError
 from revnmt.training.distributed import state_digest
 from revnmt.training.hogwild import EpochEnd
+from revnmt.training.trainer import Diverged
 from revnmt.translator import Translator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -98,6 +100,56 @@ def test_failing_or_killed_hogwild_worker_stops_the_run_and_keeps_last_checkpoin
         assert (run / "last.pt").read_bytes() == saved
 
 
+class NonFiniteInWorker1(ReversibleSeq2Seq):
+    """Trains as its family does, except that in Hogwild worker 1 every step's gradients are not finite."""
+
+    def train_step(self, *args, **kwargs):
+        result = super().train_step(*args, **kwargs)
+        if mp.current_process().name == "hogwild-1":
+            next(self.parameters()).grad.view(-1)[0] = math.inf
+        return result
+
+
+class NonFiniteInEveryWorker(ReversibleSeq2Seq):
+    """Trains as its family does, except that in every Hogwild worker every step's gradients are not finite."""
+
+    def train_step(self, *args, **kwargs):
+        result = super().train_step(*args, **kwargs)
+        if mp.current_process().name.startswith("hogwild-"):
+            next(self.parameters()).grad.view(-1)[0] = math.inf
+        return result
+
+
+def test_hogwild_workers_skip_their_own_non_finite_updates(train, tmp_path, caplog):
+    run = tmp_path / "nonfinite"
+    assert train(run, "--max-steps", "1") == 0  # a good last.pt, from one process (Hogwild resumes it)
+    saved = (run / "last.pt").read_bytes()
+    checkpoint = load_checkpoint(run / "last.pt")
+    config = RunConfig.from_checkpoint(checkpoint)
+    config = replace(config, training=replace(config.training, hogwild=2, max_steps=7))
+    data = load_data(config.data, vocab_tokens=(checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+
+    trainer = HogwildTrainer(config, data, NonFiniteInWorker1(config.model))
+    trainer.restore(checkpoint)
+    with caplog.at_level(logging.INFO):
+        assert trainer.train() == "reached --max-steps 7"
+    # worker 1 trains batches 1, 3 and 5 and skips each; worker 0's updates go on
+    skips = re.findall(r"Hogwild worker (\d) \(step \d+\): non-finite loss or gradients; the update was skipped",
+                       caplog.text)
+    assert skips == ["1"] * 3 and "updates by Hogwild worker 0: 3, 1: 3" in caplog.text
+    weights = load_checkpoint(run / "last.pt")["model"]
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert any(not torch.equal(w, checkpoint["model"][name]) for name, w in weights.items())
+
+    (run / "last.pt").write_bytes(saved)
+    config = replace(config, training=replace(config.training, max_nonfinite=3))
+    trainer = HogwildTrainer(config, data, NonFiniteInEveryWorker(config.model))
+    trainer.restore(checkpoint)
+    with pytest.raises(Diverged, match=r"training diverged at step \d: 3 updates in a row"):
+        trainer.train()
+    assert (run / "last.pt").read_bytes() == saved
+
+
 def test_a_worker_failure_is_logged_and_exits_with_status_1(train, tmp_path, monkeypatch, caplog):
     def fail(self):
         raise WorkerError("Hogwild worker 1 failed: injected")
@@ -167,3 +219,13 @@ def test_an_epoch_stopped_early_ends_after_the_batches_already_claimed():
     assert end.claim(0) and end.claim(1) and end.claim(3)  # worker 0 of 2 is one batch behind
     assert end.stop_early(start=0) == 4
     assert end.claim(2) and not end.claim(4) and not end.claim(5)  # it catches up; nobody goes on
+
+
+def test_a_memory_budget_with_hogwild_says_it_bounds_each_worker(train, tmp_path):
+    # The plan is one process's step; the workers each train on it, so the run as a whole may hold more.
+    run = tmp_path / "budget"
+    assert train(run, "--hogwild", "2", "--max-steps", "2", "--memory-budget", "4GiB") == 0
+    log = (run / "train.log").read_text()
+    assert "bounds each training process's steps: with --hogwild 2 the workers together may hold about 2 × 4" in log
+    assert re.search(r"main process peak RSS [\d.]+ MiB; the 4\.00 GiB budget bounds each of the 2 workers' steps",
+                     log), log

@@ -50,8 +50,8 @@ def test_interrupted_run_resumes_exactly(train, tmp_path):
 def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp_path):
     run = tmp_path / "run"
     assert train(run, "--max-steps", "4", "--test", toy["test"], "--test-beam", "2") == 0
-    assert {p.name for p in run.iterdir()} == {".lock", "data", "config.json", "src.vocab", "tgt.vocab", "last.pt",
-                                               "best.pt", "train.log", "valid.tsv", "test.hyp", "test.json"}
+    assert {p.name for p in run.iterdir()} == {".lock", ".revnmt", "data", "config.json", "src.vocab", "tgt.vocab",
+                                               "last.pt", "best.pt", "train.log", "valid.tsv", "test.hyp", "test.json"}
     config = json.loads((run / "config.json").read_text())
     assert config["train"] == toy["train"] and config["lowercase"] is False and config["hidden_size"] == 16
 
