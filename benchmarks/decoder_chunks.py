@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
 
-    from revnmt.training.speed import tokens_per_second
+    from revnmt.profiling.speed import tokens_per_second
 
     cpu = torch.device("cpu")
     lengths = [args.lengths[i % len(args.lengths)] for i in range(args.batches + 2)]

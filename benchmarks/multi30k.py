@@ -59,16 +59,16 @@ import torch
 from machine import cpu_name
 
 from revnmt.atomic import atomic_write_text
-from revnmt.checkpoint import BEST_CHECKPOINT, LAST_CHECKPOINT, load_checkpoint
+from revnmt.checkpoints import BEST_CHECKPOINT, LAST_CHECKPOINT, load_checkpoint
 from revnmt.cli.options import byte_size
 from revnmt.cli.train import parse_args as train_config
 from revnmt.data import Batch, BatchSampler, language_file, load_data, make_batch, multi30k_prefix
-from revnmt.length_penalty import LengthPenalty
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import build_model
+from revnmt.profiling.speed import tokens_per_second
 from revnmt.training.schedule import build_optimizer
-from revnmt.training.speed import tokens_per_second
 from revnmt.training.trainer import clip_and_step, compute_gradients
+from revnmt.translation import LengthPenalty
 
 ROOT = Path(__file__).resolve().parent.parent  # where runs/ goes by default
 

@@ -13,7 +13,7 @@ import torch
 
 from . import backends
 from .fixed import FORGET_ONE
-from .fused import PopPlan, PushPlan, Update
+from .plans import PopPlan, PushPlan, SliceUpdate
 from .words import BAD_NUMERATOR, BufferError, WordStack, numerator_message
 
 
@@ -80,14 +80,14 @@ class InformationBuffer:
         plan.done()
         return out
 
-    # ------------------------------------------------------------------ fused updates (buffers.fused)
+    # ------------------------------------------------------------------ fused updates (buffers.plans)
 
-    def plan_push(self, *updates: Update) -> PushPlan:
+    def plan_push(self, *updates: SliceUpdate) -> PushPlan:
         """The books of a fused call that pushes ``updates`` ((width, stored) each, in push order): the
         stack made large enough, each update's first flag, and :meth:`PushPlan.done` to record them."""
         return PushPlan(self.words, updates)
 
-    def plan_pop(self, *updates: Update) -> PopPlan:
+    def plan_pop(self, *updates: SliceUpdate) -> PopPlan:
         """The books of a fused call that pops ``updates`` (given in push order), checked to mirror the last
         pushes: each update's first flag, and :meth:`PopPlan.done` to record the pops."""
         return PopPlan(self.words, updates)

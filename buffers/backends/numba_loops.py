@@ -20,7 +20,7 @@ from numba import njit
 
 from ..fixed import FORGET_ONE, FORGET_RADIX, HIDDEN_RADIX, INT32_MAX, INT32_MIN
 from ..words import OK, OUT_OF_RANGE, STATE_OVERFLOW, TERM_OVERFLOW, WORD_LIMIT, WordStack
-from . import BufferBackend
+from .base import BufferBackend
 
 _LOW_MASK = (1 << FORGET_RADIX) - 1
 

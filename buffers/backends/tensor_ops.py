@@ -12,7 +12,7 @@ import torch
 from ..fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN, outside_int32, round_fixed
 from ..multiply import div_exact, mul_exact
 from ..words import OUT_OF_RANGE, STATE_OVERFLOW, TERM_OVERFLOW, WORD_LIMIT, WordStack
-from . import BufferBackend
+from .base import BufferBackend
 
 
 class TorchBackend(BufferBackend):

@@ -8,7 +8,7 @@ argument, ``terms(args, rows, columns, valid)``: float gates, which the walk qua
 kernels load them from tensors (:func:`_load_terms`); a fused RNN kernel computes them from its
 products where they would be loaded (:mod:`revnmt.rnn.kernels.triton_steps`), so its words are those
 this backend makes from the same z and u. The host keeps the books of a fused call through
-:mod:`buffers.fused`.
+:mod:`buffers.plans`.
 
 A walk is a single program that walks the update's chunks in order, as the numba loops do: the
 overflow decision of a chunk is a reduction over the whole slab (all lane rows × lanes) and changes
@@ -43,7 +43,7 @@ import triton.language as tl
 
 from .. import fixed
 from .. import words as wordstack
-from . import BufferBackend
+from .base import BufferBackend
 
 # Kernels may read module globals only as constexprs.
 FORGET_ONE = tl.constexpr(fixed.FORGET_ONE)

@@ -13,8 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from revnmt.atomic import check_output, same_file
-from revnmt.averaging import average_checkpoints
-from revnmt.checkpoint import TRANSLATING, numbered_checkpoints, save_checkpoint, validate_checkpoint
+from revnmt.checkpoints import (
+    TRANSLATING,
+    average_checkpoints,
+    numbered_checkpoints,
+    save_checkpoint,
+    validate_checkpoint,
+)
 from revnmt.training.interrupts import exit_on_signals
 
 from .options import positive_int

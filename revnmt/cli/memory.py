@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from revnmt.atomic import check_output, write_output_text
-from revnmt.checkpoint import TRANSLATING, load_checkpoint, resolve_checkpoint
+from revnmt.checkpoints import TRANSLATING, load_checkpoint, resolve_checkpoint
 from revnmt.data import BatchSampler, DataConfig, DataOptions, TrainingData, load_data, make_batch
 from revnmt.data.fingerprint import fingerprinted_prefixes
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
@@ -27,9 +27,9 @@ from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
+from revnmt.profiling.speed import tokens_per_second
 from revnmt.training import RunConfig
 from revnmt.training.interrupts import exit_on_signals
-from revnmt.training.speed import tokens_per_second
 
 from .options import (
     add_data_options,

@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from buffers import FixedPointOverflowError
 from revnmt.atomic import check_output, same_file, write_output_text
 from revnmt.data import decode_lines, decode_stream, read_lines
-from revnmt.length_penalty import LENGTH_PENALTY_TYPES, LengthPenalty
 from revnmt.training.interrupts import exit_on_signals
-from revnmt.translator import Translator, evaluate
+from revnmt.translation import LENGTH_PENALTY_TYPES, LengthPenalty, Translator, evaluate
 
 from .options import check_device, default_device, non_negative_float
 

@@ -141,5 +141,5 @@ class BidirectionalRNN(nn.Module):
         return torch.cat([out_f, reverse_padded(out_b, lengths)], dim=-1), (final_f, final_b)
 
     def held_bytes(self, steps: int, batch: int) -> int:
-        """Both checkpointed stacks' checkpoints (:meth:`CheckpointedRNN.held_bytes`)."""
+        """Both checkpointed stacks' checkpoints (:meth:`RecomputedRNN.held_bytes`)."""
         return sum(rnn.held_bytes(steps, batch) for rnn in self.directions)

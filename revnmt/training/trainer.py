@@ -28,7 +28,7 @@ import torch
 
 from buffers import FixedPointOverflowError
 from revnmt.atomic import atomic_write_text, open_for_appending
-from revnmt.checkpoint import (
+from revnmt.checkpoints import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
     numbered_checkpoint_name,
@@ -41,7 +41,7 @@ from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_ba
 from revnmt.memory.budget import BudgetGuard, BudgetPlan
 from revnmt.model import Seq2Seq, StepResult
 from revnmt.rnn import ReversalError
-from revnmt.translator import Translator, evaluate
+from revnmt.translation import Translator, evaluate
 
 from .config import RunConfig
 from .interrupts import Interrupted, Signalled, StopRequest, raise_on_signals

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from revnmt.checkpoint import load_checkpoint
+from revnmt.checkpoints import load_checkpoint
 from revnmt.data import decode_lines, find_multi30k, read_lines
-from revnmt.translator import Translator
+from revnmt.translation.translator import Translator
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES = {"train": 300, "val": 40, "test": 20}

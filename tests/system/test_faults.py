@@ -30,7 +30,7 @@ import pytest
 import torch
 from conftest import device_node, write_toy_corpus
 
-from revnmt.checkpoint import load_checkpoint
+from revnmt.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

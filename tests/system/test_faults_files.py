@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import write_toy_corpus
 
-from revnmt.checkpoint import load_checkpoint, save_checkpoint
+from revnmt.checkpoints import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.slow
 

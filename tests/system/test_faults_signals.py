@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import write_toy_corpus
 
-from revnmt.checkpoint import load_checkpoint
+from revnmt.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def test_a_signal_while_preparing_data_stops_and_leaves_no_staging(corpus, tmp_p
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_in_the_dev_translation_saves_and_the_resume_validates_again(corpus, tmp_path, signum):
     run = tmp_path / "run"
-    done = _interrupt(tmp_path, signum, "revnmt.cli.train", "revnmt.translator:Translator.translate", 1,
+    done = _interrupt(tmp_path, signum, "revnmt.cli.train", "revnmt.translation.translator:Translator.translate", 1,
                       *_train(corpus, run, "--max-steps", "3"))
     _one_line(done, signum, "interrupted at step 3; resume with the same command")
     assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 3
@@ -111,7 +111,8 @@ def test_a_signal_in_the_test_translation_stops_and_the_same_command_tests(corpu
     run = tmp_path / "run"
     options = _train(corpus, run, "--max-steps", "2", "--test", corpus["test"])
     # the first translation is the validation's, the second the test set's
-    done = _interrupt(tmp_path, signum, "revnmt.cli.train", "revnmt.translator:Translator.translate", 2, *options)
+    done = _interrupt(tmp_path, signum, "revnmt.cli.train", "revnmt.translation.translator:Translator.translate", 2,
+                      *options)
     _one_line(done, signum, f"interrupted by {signal.Signals(signum).name}")
     assert not (run / "test.json").exists()
     _no_staging(run)

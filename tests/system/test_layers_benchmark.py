@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.layers import count_kernels
 from buffers.backends import triton_available
+from revnmt.profiling.launches import count_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ from numba import njit
 from buffers import to_float
 from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms, push_terms
 from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
-from buffers.fused import PopPlan, PushPlan
+from buffers.plans import PopPlan, PushPlan
 from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT
 
 from .. import products

@@ -21,7 +21,7 @@ load them: :func:`_gru_update` (RevGRU's h), :func:`_lstm_cell_update` and :func
 pops, adds and range-checks, so the words are those the triton buffer makes from the same z and u, and
 errors go to ``words.status`` as there: nothing is read on the host per step. The reverse kernels then
 backpropagate the half elementwise, after a barrier, from the popped previous half, with the same
-pointwise functions. The host keeps the buffer's books through :mod:`buffers.fused` (room on the stack,
+pointwise functions. The host keeps the buffer's books through :mod:`buffers.plans` (room on the stack,
 the flags, the widths that pops must mirror).
 
 Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
@@ -67,7 +67,7 @@ from buffers.backends.triton_kernels import (
     to_float,
 )
 from buffers.fixed import FORGET_ONE, forget_multiplier, min_forget_numerator
-from buffers.fused import PopPlan, Update
+from buffers.plans import PopPlan, SliceUpdate
 
 from . import StepKernels, activations
 
@@ -521,7 +521,7 @@ def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
 
 
 def _pops(buf: InformationBuffer | None, device: torch.device, max_bits: int | None,
-          *updates: Update) -> tuple[PopPlan | None, list[int], tuple[torch.Tensor, ...], int]:
+          *updates: SliceUpdate) -> tuple[PopPlan | None, list[int], tuple[torch.Tensor, ...], int]:
     """A reverse step's books: the plan of its pops (``updates`` in push order), each update's first flag, the
     word tensors and the smallest numerator. Without a buffer (the derivative alone) nothing is popped: no plan,
     stand-in word tensors, and the numerator limit of ``max_bits``, which the derivative's z* also take."""

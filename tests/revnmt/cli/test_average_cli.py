@@ -17,7 +17,7 @@ import tomllib
 import torch
 from conftest import TINY_MODEL, write_toy_corpus
 
-from revnmt.checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
+from revnmt.checkpoints import load_checkpoint, numbered_checkpoints, save_checkpoint
 from revnmt.cli import average, translate
 
 REPO = Path(__file__).resolve().parents[3]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from revnmt.checkpoint import load_checkpoint, save_checkpoint
+from revnmt.checkpoints import load_checkpoint, save_checkpoint
 from revnmt.cli import memory, translate
 from revnmt.data import SubwordTokenizer, Vocabulary
 

@@ -14,7 +14,7 @@ from conftest import device_node
 
 from buffers import FixedPointOverflowError
 from revnmt.cli import translate
-from revnmt.length_penalty import LengthPenalty
+from revnmt.translation.length_penalty import LengthPenalty
 
 
 class _Shouting:

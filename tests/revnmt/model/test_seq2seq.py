@@ -4,11 +4,11 @@ import pytest
 import torch
 from toy_model import Toy
 
-from revnmt.checkpoint import load_checkpoint, save_checkpoint
+from revnmt.checkpoints import load_checkpoint, save_checkpoint
 from revnmt.data.vocab import BOS, PAD
 from revnmt.model import (
-    CheckpointedSeq2Seq,
     OrdinarySeq2Seq,
+    RecomputedSeq2Seq,
     ReversibleSeq2Seq,
     Seq2Seq,
     build_model,
@@ -23,7 +23,7 @@ toy = Toy()
 def test_the_factory_builds_the_family_of_each_rnn(rnn, family):
     model = build_model(toy.config(rnn, "emb+slice"))
     if family is OrdinarySeq2Seq:
-        assert type(build_model(toy.config(rnn, checkpoint_steps="auto"))) is CheckpointedSeq2Seq
+        assert type(build_model(toy.config(rnn, checkpoint_steps="auto"))) is RecomputedSeq2Seq
     assert type(model) is family and isinstance(model, Seq2Seq)
     with pytest.raises(TypeError):  # the shared base alone has no recurrent layers
         Seq2Seq(toy.config(rnn))

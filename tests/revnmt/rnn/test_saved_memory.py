@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from benchmarks.step_memory import LiveBytesBySite
 from revnmt.memory import SavedTensorMeter
+from revnmt.profiling.live_bytes import LiveBytesBySite
 from revnmt.rnn import ReversibleRNN, TensorInput
 from revnmt.rnn.backends import BACKENDS
 from revnmt.rnn.cells import RecurrentGrads, Sweep, SweepWeights

@@ -22,9 +22,9 @@ import torch
 from conftest import HAS_CUDA, HAS_TRITON
 from test_reversible import _assert_close, _autograd_grads, _problem, _reversal_grads
 
-from benchmarks.layers import LaunchCounter
 from buffers import InformationBuffer, to_float
 from buffers.fixed import forget_multiplier
+from revnmt.profiling.launches import LaunchCounter
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
 

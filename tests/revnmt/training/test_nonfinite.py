@@ -11,7 +11,7 @@ import torch
 
 import revnmt.training.trainer as trainer_module
 from buffers import FixedPointOverflowError
-from revnmt.checkpoint import load_checkpoint, save_checkpoint
+from revnmt.checkpoints import load_checkpoint, save_checkpoint
 from revnmt.cli.train import build_parser
 from revnmt.data import DataConfig, load_data, make_batch
 from revnmt.model import ModelConfig, build_model

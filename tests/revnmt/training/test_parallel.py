@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import TINY_MODEL
 
-from revnmt.checkpoint import load_checkpoint
+from revnmt.checkpoints import load_checkpoint
 from revnmt.cli.train import main
 from revnmt.data import load_data
 from revnmt.model import ReversibleSeq2Seq, build_model
@@ -24,7 +24,7 @@ from revnmt.training import HogwildTrainer, RunConfig, Trainer, WorkerError
 from revnmt.training.distributed import state_digest
 from revnmt.training.hogwild import EpochEnd
 from revnmt.training.trainer import Diverged
-from revnmt.translator import Translator
+from revnmt.translation.translator import Translator
 
 REPO = Path(__file__).resolve().parents[3]
 FAST = ["--lr", "0.02"]  # large enough steps for the dev loss to fall clearly within two epochs

@@ -3,14 +3,14 @@ import logging
 
 import torch
 
-from revnmt.checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
+from revnmt.checkpoints import load_checkpoint, numbered_checkpoints, save_checkpoint
 from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import CheckpointedSeq2Seq, ModelConfig, build_model
+from revnmt.model import ModelConfig, RecomputedSeq2Seq, build_model
 from revnmt.rnn import ReversalError
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
-from revnmt.translator import Translator
+from revnmt.translation.translator import Translator
 
 CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
                    "rng", "args", "memory_plan", "data_fingerprint"}
@@ -139,7 +139,7 @@ def test_a_checkpointed_ordinary_model_trains_under_a_memory_budget_and_translat
     checkpoint = load_checkpoint(save_dir / "last.pt")
     assert checkpoint["model_config"]["checkpoint_steps"] == "auto" and checkpoint["memory_plan"]["batch_tokens"] > 0
     translator = Translator.from_checkpoint(save_dir)
-    assert type(translator.model) is CheckpointedSeq2Seq
+    assert type(translator.model) is RecomputedSeq2Seq
     assert len(translator.translate(["A man runs .", "The dog sleeps ."], beam=2)) == 2
 
 

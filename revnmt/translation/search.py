@@ -22,8 +22,8 @@ from typing import Protocol
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.length_penalty import AVERAGE, LengthPenalty
 from revnmt.model import Encoded
+from revnmt.translation.length_penalty import AVERAGE, LengthPenalty
 
 MAX_OUTPUT_LEN = 250  # the cap of the default per-sentence limit
 

@@ -5,7 +5,7 @@ of their log-softmax outputs: a log-linear combination with equal weights, as Op
 ensemble; fairseq averages the probabilities instead). An ensemble of one model, or of copies of one
 model, gives exactly that model's log-probabilities.
 
-:class:`Ensemble` has the decoding interface :mod:`revnmt.search` uses (``encode``, ``decode_step``,
+:class:`Ensemble` has the decoding interface :mod:`revnmt.translation.search` uses (``encode``, ``decode_step``,
 ``reorder_state``), so greedy and beam search run on it unchanged, batched on the device, and ``align``
 for ``--replace-unk``, which follows the first member's attention. The members may differ in
 architecture but must read and write text alike: the same vocabularies and tokenization

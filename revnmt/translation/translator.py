@@ -14,14 +14,13 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
-from revnmt.checkpoint import TRANSLATING, load_checkpoint, resolve_checkpoint
-from revnmt.compatibility import text_differences
+from revnmt.checkpoints.compatibility import text_differences
+from revnmt.checkpoints.files import TRANSLATING, load_checkpoint, resolve_checkpoint
 from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Vocabulary, sorted_batches
-from revnmt.ensemble import Ensemble
-from revnmt.length_penalty import AVERAGE, LengthPenalty
 from revnmt.model import Seq2Seq, model_from_checkpoint_state
-from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
-from revnmt.search import beam_search, greedy
+from revnmt.translation.ensemble import Ensemble
+from revnmt.translation.length_penalty import AVERAGE, LengthPenalty
+from revnmt.translation.search import beam_search, greedy
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ class Translator:
         most when it was predicted (OpenNMT's ``-replace_unk``, which the paper's BLEU used): names and
         numbers outside the target vocabulary come through; an ensemble follows its first model's
         attention. Word models only (:meth:`check_replace_unk`). ``length_penalty`` ranks beam search's
-        finished translations (:mod:`revnmt.length_penalty`)."""
+        finished translations (:mod:`revnmt.translation.length_penalty`)."""
         self.check_replace_unk(replace_unk)
         source_words = self._source_tokens(lines)
         outputs = [""] * len(lines)
@@ -263,30 +262,3 @@ def _ready_batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
         stopped.set()
         while not queue.empty():
             queue.get_nowait()
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Scores of translations against references."""
-
-    sacrebleu: BleuResult
-    tokenized_bleu: float  # the paper's metric: Moses-tokenized, lowercased, multi-bleu.perl style
-
-    def to_dict(self) -> dict:
-        """Both scores and sacreBLEU's signature (what test.json and ``translate.py --json`` hold)."""
-        return {"sacrebleu": self.sacrebleu.score, "signature": self.sacrebleu.signature,
-                "tokenized_bleu": self.tokenized_bleu}
-
-    def lines(self) -> list[str]:
-        """Both scores as printable lines, each saying what it is."""
-        return [f"sacreBLEU: {self.sacrebleu}", f"tokenized lowercased BLEU (paper): {self.tokenized_bleu:.2f}"]
-
-
-def evaluate(hypotheses: Sequence[str], references: Sequence[str], data: DataOptions) -> Evaluation:
-    """sacreBLEU with its signature, and the paper's tokenized lowercased BLEU.
-
-    A lowercasing model cannot produce capitals, so for it sacreBLEU is case-insensitive
-    (``case:lc`` in the signature).
-    """
-    return Evaluation(corpus_bleu(hypotheses, references, lowercase=data.lowercase),
-                      tokenized_bleu(hypotheses, references, data.tgt))

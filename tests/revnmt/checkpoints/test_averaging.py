@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from revnmt.averaging import average_checkpoints
-from revnmt.checkpoint import save_checkpoint
+from revnmt.checkpoints import average_checkpoints, save_checkpoint
 from revnmt.model import ModelConfig, build_model, model_from_checkpoint_state
 
 WORDS = ["a", "man", "dog", "runs"]

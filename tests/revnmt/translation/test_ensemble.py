@@ -3,13 +3,13 @@ import copy
 import pytest
 import torch
 
-from revnmt.checkpoint import save_checkpoint
-from revnmt.data import Vocabulary
+from revnmt.checkpoints import save_checkpoint
+from revnmt.data import DataOptions, Vocabulary
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.ensemble import Ensemble
 from revnmt.model import ModelConfig, Seq2Seq, build_model
-from revnmt.search import beam_search, greedy, output_limits
-from revnmt.translator import DataOptions, Translator
+from revnmt.translation import Translator
+from revnmt.translation.ensemble import Ensemble
+from revnmt.translation.search import beam_search, greedy, output_limits
 
 VOCAB = 12
 

@@ -2,7 +2,7 @@
 checkpoints' weights, usually the last few of one run (``revnmt-train --keep-checkpoints N``). The mean of
 nearby points of one training trajectory tends to translate a little better than any of them.
 
-The checkpoints must share vocabularies, tokenization and architecture (:mod:`revnmt.compatibility`).
+The checkpoints must share vocabularies, tokenization and architecture (:mod:`revnmt.checkpoints.compatibility`).
 Floating-point weights are summed in float64 and divided once, so the mean of copies of one checkpoint is
 that checkpoint exactly. Integer and boolean tensors (counters, masks) are not averaged: the last
 checkpoint's are taken.
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from revnmt.checkpoint import TRANSLATING, load_checkpoint
-from revnmt.compatibility import architecture_differences, text_differences
+from revnmt.checkpoints.compatibility import architecture_differences, text_differences
+from revnmt.checkpoints.files import TRANSLATING, load_checkpoint
 
 # What a checkpoint holds about a training run's position: it belongs to one checkpoint, not to an average,
 # which is for translating, not for resuming.

@@ -1,4 +1,5 @@
-"""Corpus BLEU: sacreBLEU for reporting, and the paper's tokenized lowercased BLEU for comparison."""
+"""Corpus BLEU: sacreBLEU for reporting, and the paper's tokenized lowercased BLEU for comparison; both at once
+for a model's translations (:func:`evaluate`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU
 
+from revnmt.data import DataOptions
 from revnmt.data.tokenization import Tokenizer
 
 
@@ -58,3 +60,30 @@ def _check_counts(hypotheses: Sequence[str], references: Sequence[str]) -> None:
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
         raise ValueError("no hypotheses to score")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores of translations against references."""
+
+    sacrebleu: BleuResult
+    tokenized_bleu: float  # the paper's metric: Moses-tokenized, lowercased, multi-bleu.perl style
+
+    def to_dict(self) -> dict:
+        """Both scores and sacreBLEU's signature (what test.json and ``translate.py --json`` hold)."""
+        return {"sacrebleu": self.sacrebleu.score, "signature": self.sacrebleu.signature,
+                "tokenized_bleu": self.tokenized_bleu}
+
+    def lines(self) -> list[str]:
+        """Both scores as printable lines, each saying what it is."""
+        return [f"sacreBLEU: {self.sacrebleu}", f"tokenized lowercased BLEU (paper): {self.tokenized_bleu:.2f}"]
+
+
+def evaluate(hypotheses: Sequence[str], references: Sequence[str], data: DataOptions) -> Evaluation:
+    """sacreBLEU with its signature, and the paper's tokenized lowercased BLEU.
+
+    A lowercasing model cannot produce capitals, so for it sacreBLEU is case-insensitive
+    (``case:lc`` in the signature).
+    """
+    return Evaluation(corpus_bleu(hypotheses, references, lowercase=data.lowercase),
+                      tokenized_bleu(hypotheses, references, data.tgt))

@@ -1,17 +1,17 @@
-"""Tests of revnmt.rnn.checkpointed: a checkpointed layer is the ordinary layer, with less saved for backward."""
+"""Tests of revnmt.rnn.recomputed: a checkpointed layer is the ordinary layer, with less saved for backward."""
 
 import pytest
 import torch
 
 from revnmt.memory import SavedTensorMeter
-from revnmt.rnn.checkpointed import CheckpointedRNN, segment_steps
 from revnmt.rnn.ordinary import OrdinaryRNN
+from revnmt.rnn.recomputed import RecomputedRNN, segment_steps
 
 
-def _pair(cell: str, steps, layers: int = 2) -> tuple[OrdinaryRNN, CheckpointedRNN]:
+def _pair(cell: str, steps, layers: int = 2) -> tuple[OrdinaryRNN, RecomputedRNN]:
     torch.manual_seed(0)
     ordinary = OrdinaryRNN(cell, 5, 6, layers)
-    checkpointed = CheckpointedRNN(cell, 5, 6, layers, steps=steps)
+    checkpointed = RecomputedRNN(cell, 5, 6, layers, steps=steps)
     checkpointed.load_state_dict(ordinary.state_dict())
     return ordinary, checkpointed
 
@@ -52,7 +52,7 @@ def test_auto_segments_are_the_square_root_of_the_length():
     assert [segment_steps("auto", t) for t in (1, 14, 16, 50, 200)] == [1, 4, 4, 8, 15]
     assert segment_steps(5, 200) == 5
     with pytest.raises(ValueError, match="positive number of steps"):
-        CheckpointedRNN("gru", 5, 6, steps=0)
+        RecomputedRNN("gru", 5, 6, steps=0)
 
 
 def test_autograd_saves_a_fraction_of_what_the_ordinary_layer_saves():

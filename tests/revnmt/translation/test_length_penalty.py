@@ -1,6 +1,6 @@
 import pytest
 
-from revnmt.length_penalty import AVERAGE, LengthPenalty
+from revnmt.translation.length_penalty import AVERAGE, LengthPenalty
 
 
 def test_gnmt_is_wu_et_al_formula_exactly():

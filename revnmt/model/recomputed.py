@@ -1,7 +1,7 @@
 """The ordinary family with gradient checkpointing (``--rnn gru|lstm --checkpoint-steps K``): what a user
 with a memory problem tries first, and the comparison reversal has to win.
 
-The encoder and the decoder are :class:`~revnmt.rnn.checkpointed.CheckpointedRNN` stacks: in a training
+The encoder and the decoder are :class:`~revnmt.rnn.recomputed.RecomputedRNN` stacks: in a training
 step each keeps the state at every K-th step and the input of each segment, and recomputes a segment at a
 time in backward. Everything else, the decoder's outputs that feed attention and the loss included, is the
 ordinary family's, so the gradients are the ordinary model's (up to float rounding: the recomputed segments
@@ -14,21 +14,21 @@ from __future__ import annotations
 import torch
 
 from revnmt.rnn.bidirectional import BidirectionalRNN
-from revnmt.rnn.checkpointed import CheckpointedRNN
+from revnmt.rnn.recomputed import RecomputedRNN
 
 from .config import ModelConfig
 from .ordinary import OrdinarySeq2Seq
 from .seq2seq import StepResult
 
 
-class CheckpointedSeq2Seq(OrdinarySeq2Seq):
+class RecomputedSeq2Seq(OrdinarySeq2Seq):
     """An :class:`OrdinarySeq2Seq` whose recurrent layers are checkpointed every ``cfg.checkpoint_steps``."""
 
-    encoder: CheckpointedRNN | BidirectionalRNN
-    decoder: CheckpointedRNN
+    encoder: RecomputedRNN | BidirectionalRNN
+    decoder: RecomputedRNN
 
-    def make_rnn(self, cfg: ModelConfig) -> CheckpointedRNN:
-        return CheckpointedRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout, cfg.checkpoint_steps)
+    def make_rnn(self, cfg: ModelConfig) -> RecomputedRNN:
+        return RecomputedRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout, cfg.checkpoint_steps)
 
     def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                    normalizer: float) -> StepResult:

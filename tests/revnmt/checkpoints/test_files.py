@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from revnmt.checkpoint import (
+from revnmt.checkpoints import (
     RESUMING,
     TRANSLATING,
     CheckpointError,
@@ -167,13 +167,13 @@ def test_a_checkpoint_that_would_run_code_is_refused_whatever_the_environment_sa
     save_checkpoint(path, {**_translatable(), "trainer": _Payload(ran)})
     # In a new process's environment, as a user sets it: torch.load without weights_only=True would then
     # unpickle anything.
-    loading = f"from revnmt.checkpoint import load_checkpoint; load_checkpoint({str(path)!r})"
+    loading = f"from revnmt.checkpoints import load_checkpoint; load_checkpoint({str(path)!r})"
     done = subprocess.run([sys.executable, "-c", loading], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     assert done.returncode == 1 and not ran.exists()
-    assert done.stderr.splitlines()[-1] == (f"revnmt.checkpoint.CheckpointError: cannot load checkpoint {path}: it "
-                                            "holds more than tensors and plain data, and loading it could run code: "
-                                            "refused")
+    assert done.stderr.splitlines()[-1] == (f"revnmt.checkpoints.files.CheckpointError: cannot load checkpoint {path}: "
+                                            "it holds more than tensors and plain data, and loading it could run "
+                                            "code: refused")
 
 
 def _state_dict() -> dict:

@@ -1,4 +1,4 @@
-"""Tests of revnmt.model.checkpointed: the ordinary model's training step, with its recurrent layers recomputed."""
+"""Tests of revnmt.model.recomputed: the ordinary model's training step, with its recurrent layers recomputed."""
 
 from dataclasses import replace
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from toy_model import Toy
 
-from revnmt.model import CheckpointedSeq2Seq, ModelConfig, OrdinarySeq2Seq, build_model
+from revnmt.model import ModelConfig, OrdinarySeq2Seq, RecomputedSeq2Seq, build_model
 
 toy = Toy()
 
@@ -16,7 +16,7 @@ toy = Toy()
 def test_checkpointed_training_gives_the_ordinary_models_loss_and_gradients(rnn, attention):
     ordinary = toy.model(rnn, attention, layers=2, dropout=0.0)
     checkpointed = toy.model(rnn, attention, layers=2, dropout=0.0, checkpoint_steps=2)
-    assert type(checkpointed) is CheckpointedSeq2Seq
+    assert type(checkpointed) is RecomputedSeq2Seq
     checkpointed.load_state_dict(ordinary.state_dict())  # the same parameters, the same keys
     batch = toy.batch()
     loss, grads = toy.grads(ordinary, ordinary.train_step, batch)

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-import revnmt.translator
-from revnmt.checkpoint import save_checkpoint
-from revnmt.data import EOS, PAD, SubwordTokenizer, Vocabulary, train_subword_model
-from revnmt.length_penalty import LengthPenalty
+import revnmt.translation.translator
+from revnmt.checkpoints import save_checkpoint
+from revnmt.data import EOS, PAD, DataOptions, SubwordTokenizer, Vocabulary, train_subword_model
 from revnmt.model import Encoded, ModelConfig, build_model
-from revnmt.translator import DataOptions, Translator, evaluate
+from revnmt.translation import Translator, evaluate
+from revnmt.translation.length_penalty import LengthPenalty
 
 WORDS = "a man rides a red bike . two dogs play in the snow".split()
 VOCAB = Vocabulary(sorted(set(WORDS)))
@@ -231,7 +231,7 @@ def test_from_checkpoint_rebuilds_a_subword_model_and_refuses_a_corrupt_one(tmp_
 def test_the_length_penalty_goes_to_beam_search(monkeypatch):
     used = []
     search = revnmt.translator.beam_search
-    monkeypatch.setattr(revnmt.translator, "beam_search",
+    monkeypatch.setattr(revnmt.translation.translator, "beam_search",
                         lambda *args, length_penalty: used.append(length_penalty) or search(*args))
     gnmt = LengthPenalty(0.6, "gnmt")
     assert _copier().translate(["a man"], beam=2, length_penalty=gnmt) == ["a man"]

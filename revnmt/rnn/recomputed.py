@@ -51,7 +51,7 @@ def _joined(head, rest):
     return torch.cat([head, rest[:, head.shape[1]:]], dim=1)
 
 
-class CheckpointedRNN(OrdinaryRNN):
+class RecomputedRNN(OrdinaryRNN):
     """An :class:`OrdinaryRNN` whose training forward pass is checkpointed every ``steps`` time steps
     (an int, or ``"auto"``: ⌈√T⌉ per batch). Without gradients (validation, translation) it is the
     ordinary layer; with them it gives the same outputs and gradients."""

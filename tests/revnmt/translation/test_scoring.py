@@ -1,6 +1,6 @@
 import pytest
 
-from revnmt.scoring import BleuResult, corpus_bleu, tokenized_bleu
+from revnmt.translation.scoring import BleuResult, corpus_bleu, tokenized_bleu
 
 REFERENCES = ["A man is riding a bicycle down the street.", "Two dogs play in the snow."]
 

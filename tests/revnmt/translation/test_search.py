@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.ensemble import Ensemble
-from revnmt.length_penalty import LengthPenalty
 from revnmt.model import Encoded, ModelConfig, Seq2Seq, build_model
-from revnmt.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
+from revnmt.translation.ensemble import Ensemble
+from revnmt.translation.length_penalty import LengthPenalty
+from revnmt.translation.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
 
 VOCAB = 12
 

@@ -1,4 +1,4 @@
-"""Fused updates: the buffer's books for a caller that runs the update inside a kernel of its own.
+"""Push and pop plans: the buffer's books for a caller that runs the update inside a kernel of its own (a fused step).
 
 An RNN cell's half-step computes its gates and then updates its state, h ← z·h + u, through the
 buffer. A fused kernel does both in one launch: it computes each lane's z and u where the buffer's
@@ -30,11 +30,11 @@ import torch
 from .words import OK, WordStack
 
 #: An update of a [batch, width] state slice whose first ``stored`` columns skip the buffer.
-Update = tuple[int, int]
+SliceUpdate = tuple[int, int]
 
 
 class _Plan:
-    def __init__(self, words: WordStack, updates: Sequence[Update]) -> None:
+    def __init__(self, words: WordStack, updates: Sequence[SliceUpdate]) -> None:
         self.words = words
         self.widths = [words.update_widths(width, stored) for width, stored in updates]
 
@@ -60,7 +60,7 @@ class PushPlan(_Plan):
     """The pushes of one fused call: made by :meth:`InformationBuffer.plan_push`, the stack already
     large enough for them. ``flags[k]`` is the first overflow flag update k writes."""
 
-    def __init__(self, words: WordStack, updates: Sequence[Update]) -> None:
+    def __init__(self, words: WordStack, updates: Sequence[SliceUpdate]) -> None:
         super().__init__(words, updates)
         words.reserve(sum(len(w) for w in self.widths))
         self.flags = self._flags_from(words.pushes)
@@ -81,7 +81,7 @@ class PopPlan(_Plan):
     :meth:`InformationBuffer.plan_pop` with the updates in push order (the walk pops them in reverse).
     ``flags[k]`` is the first overflow flag update k's push wrote."""
 
-    def __init__(self, words: WordStack, updates: Sequence[Update]) -> None:
+    def __init__(self, words: WordStack, updates: Sequence[SliceUpdate]) -> None:
         super().__init__(words, updates)
         popped = [w for widths in self.widths for w in widths]
         words.check_pop(popped)
@@ -97,4 +97,4 @@ class PopPlan(_Plan):
         words.after_call()
 
 
-__all__ = ["PopPlan", "PushPlan", "Update"]
+__all__ = ["PopPlan", "PushPlan", "SliceUpdate"]
