@@ -6,7 +6,7 @@
 A reversible decoder undoes ``decoder_chunk_steps`` steps, then runs attention and the loss of their
 outputs in one batched call and backpropagates them. For each chunk size the reversible model trains
 side by side with its ordinary counterpart (``hidden`` attention) on the same synthetic batches of
-Multi30K-sized vocabularies (``revnmt.training.speed.tokens_per_second``: the models take turns batch
+Multi30K-sized vocabularies (``revnmt.profiling.speed.tokens_per_second``: the models take turns batch
 by batch), and its bytes per target token are measured as ``revnmt-memory`` does: what autograd saves
 and what the step holds outside autograd, two levels kept apart. Figures vary with the machine and
 its load; compare the ratios of one run.

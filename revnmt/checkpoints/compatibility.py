@@ -2,7 +2,7 @@
 vocabularies and the same tokenization (languages, casing, SentencePiece models). Averaging weights needs
 the same architecture as well, down to every weight's shape.
 
-Each function compares two checkpoint dicts (as :func:`revnmt.checkpoint.load_checkpoint` returns them)
+Each function compares two checkpoint dicts (as :func:`revnmt.checkpoints.load_checkpoint` returns them)
 and lists their differences in words, for a message that names both files.
 """
 

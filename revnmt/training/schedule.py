@@ -18,7 +18,7 @@ class _Eager(Optimizer):
     torch's optimizers wrap ``add_param_group``, ``state_dict``, ``load_state_dict``, ``zero_grad`` and ``step``
     in functions that import ``torch._dynamo`` when first called, to disable the compiler for them (or to break a
     compiled graph). That import brings in the compiler's stack (``torch._inductor``, sympy, and triton where it
-    is installed), resident for the rest of the run (docs/benchmarks.md, "Data at scale" measures it), although
+    is installed), resident for the rest of the run (benchmarks/README.md, "Data at scale" measures it), although
     revnmt never compiles. Without compilation the wrappers only call the function they wrap, so calling it
     directly performs the same updates, and the state dicts are the same (checkpoints load into either class).
     """
@@ -46,9 +46,9 @@ class Adam(_Eager, torch.optim.Adam):
 
     :func:`build_optimizer` makes it ``fused``: one kernel updates each tensor in place, where the default
     (single-tensor) update makes parameter-sized temporaries, which set the first training step's peak memory
-    with large vocabularies, and takes several passes (figures: docs/benchmarks.md, "Data at scale"). Its updates round
-    differently from the single-tensor one's by an ulp here and there, so a run resumed across the two would not
-    go on bit for bit; within one implementation it does."""
+    with large vocabularies, and takes several passes (figures: benchmarks/README.md, "Data at scale"). Its updates
+    round differently from the single-tensor one's by an ulp here and there, so a run resumed across the two would
+    not go on bit for bit; within one implementation it does."""
 
     step = _step_without_grad(torch.optim.Adam.step)
 

@@ -9,7 +9,7 @@ model, gives exactly that model's log-probabilities.
 ``reorder_state``), so greedy and beam search run on it unchanged, batched on the device, and ``align``
 for ``--replace-unk``, which follows the first member's attention. The members may differ in
 architecture but must read and write text alike: the same vocabularies and tokenization
-(:func:`revnmt.compatibility.text_differences`, checked where checkpoints are loaded).
+(:func:`revnmt.checkpoints.compatibility.text_differences`, checked where checkpoints are loaded).
 """
 
 from __future__ import annotations

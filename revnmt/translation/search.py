@@ -8,11 +8,11 @@ keep the whole batch decoding.
 
 Beam search ranks finished hypotheses by ``score / lp(length)``, ``score`` being the summed
 log-probability and ``length`` the number of predicted tokens (EOS included), with a
-:class:`~revnmt.length_penalty.LengthPenalty` (default: the mean log-probability per token). During
+:class:`~revnmt.translation.length_penalty.LengthPenalty` (default: the mean log-probability per token). During
 the search the live hypotheses are ranked by their raw scores, as in fairseq.
 
 The model is anything with the decoding interface of :class:`Decoder`: a :class:`~revnmt.model.Seq2Seq`
-or an :class:`~revnmt.ensemble.Ensemble` of them.
+or an :class:`~revnmt.translation.ensemble.Ensemble` of them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/layers.py on tiny layers: the JSON of docs/benchmarks.md's step-time tables, and the breakdown."""
+"""benchmarks/layers.py on tiny layers: the JSON of benchmarks/README.md's step-time tables, and the breakdown."""
 
 import json
 import subprocess

@@ -230,7 +230,7 @@ def test_from_checkpoint_rebuilds_a_subword_model_and_refuses_a_corrupt_one(tmp_
 
 def test_the_length_penalty_goes_to_beam_search(monkeypatch):
     used = []
-    search = revnmt.translator.beam_search
+    search = revnmt.translation.translator.beam_search
     monkeypatch.setattr(revnmt.translation.translator, "beam_search",
                         lambda *args, length_penalty: used.append(length_penalty) or search(*args))
     gnmt = LengthPenalty(0.6, "gnmt")
