@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from revnmt.rnn.kernels import numba_steps
 
-_sigmoid = numba_steps._sigmoid
+sigmoid = numba_steps.sigmoid
 
 
 @njit(nogil=True, error_model="numpy", parallel=True)
@@ -32,7 +32,7 @@ def gates_by_rows(pre_zr, p, col, read, s, rh):
     for b in prange(rows):
         row, p_row, s_row = pre_zr[b], p[b, col: col + 2 * half], s[b]
         for k in range(2 * half):
-            s_row[k] = _sigmoid(row[k] + p_row[k])
+            s_row[k] = sigmoid(row[k] + p_row[k])
         for j in range(half):
             rh[b, j] = s_row[half + j] * read[b, j]
 

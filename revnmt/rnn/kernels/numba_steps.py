@@ -13,7 +13,7 @@ the words are those of the numba buffer.
 
 Exactness. The reverse decodes the buffer with gates it recomputes, so they must equal the
 forward's bit for bit. Both kernels take their gates from the same inlined helpers
-(:func:`_tanh`, :func:`_sigmoid`), which are float32 multiplies, adds and one division and call no
+(:func:`tanh`, :func:`sigmoid`), which are float32 multiplies, adds and one division and call no
 math library: with fastmath off (no reassociation, no contraction into fused multiply-adds) each
 of those operations is correctly rounded, so the result is the same bit for bit whether LLVM
 vectorizes a loop or not, in whichever kernel it is inlined. The gates are not those of the torch
@@ -57,7 +57,7 @@ _HALF = np.float32(0.5)
 
 
 @njit(inline="always", **_JIT)
-def _tanh(x: np.float32) -> np.float32:
+def tanh(x: np.float32) -> np.float32:
     x = min(max(x, -_TANH_CLAMP), _TANH_CLAMP)
     x2 = x * x
     p = x2 * (x2 * (x2 * (x2 * (x2 * (x2 * _A13 + _A11) + _A9) + _A7) + _A5) + _A3) + _A1
@@ -65,8 +65,8 @@ def _tanh(x: np.float32) -> np.float32:
 
 
 @njit(inline="always", **_JIT)
-def _sigmoid(x: np.float32) -> np.float32:
-    return _HALF + _HALF * _tanh(_HALF * x)
+def sigmoid(x: np.float32) -> np.float32:
+    return _HALF + _HALF * tanh(_HALF * x)
 
 
 @njit(inline="always", **_JIT)
@@ -77,7 +77,7 @@ def _sigmoid_columns(pre: np.ndarray, p: np.ndarray, col: int, start: int, stop:
     for b in range(pre.shape[0]):
         row, p_row, out_row = pre[b, start:stop], p[b, col + start: col + stop], out[b, start:stop]
         for k in range(stop - start):
-            out_row[k] = _sigmoid(row[k] + p_row[k])
+            out_row[k] = sigmoid(row[k] + p_row[k])
 
 
 @njit(inline="always", **_JIT)
@@ -86,7 +86,7 @@ def _tanh_columns(pre: np.ndarray, p: np.ndarray, col: int, start: int, stop: in
     for b in range(pre.shape[0]):
         row, p_row, out_row = pre[b, start:stop], p[b, col + start: col + stop], out[b, start:stop]
         for k in range(stop - start):
-            out_row[k] = _tanh(row[k] + p_row[k])
+            out_row[k] = tanh(row[k] + p_row[k])
 
 
 @njit(inline="always", **_JIT)
@@ -141,7 +141,7 @@ def _tanh_of_fixed(ints: np.ndarray, out: np.ndarray) -> None:
     for b in range(ints.shape[0]):
         row, out_row = ints[b], out[b]
         for j in range(ints.shape[1]):
-            out_row[j] = _tanh(_to_float(row[j]))
+            out_row[j] = tanh(_to_float(row[j]))
 
 
 @njit(**_JIT)

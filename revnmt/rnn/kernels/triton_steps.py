@@ -16,7 +16,7 @@ The push and pop kernels run the buffer's own walk over the words
 (:func:`~buffers.backends.triton_kernels.push_walk`, :func:`~buffers.backends.triton_kernels.pop_walk`),
 which the buffer's update kernels run too. What a cell adds is one pointwise function per update that
 computes a lane's float z and u from the product and projection columns where the buffer kernel would
-load them: :func:`_gru_update` (RevGRU's h), :func:`_lstm_cell_update` and :func:`_lstm_hidden_update`
+load them: :func:`gru_update` (RevGRU's h), :func:`lstm_cell_update` and :func:`lstm_hidden_update`
 (RevLSTM's c and h), each beside the torch reference it follows. The walk quantizes, rounds, pushes or
 pops, adds and range-checks, so the words are those the triton buffer makes from the same z and u, and
 errors go to ``words.status`` as there: nothing is read on the host per step. The reverse kernels then
@@ -28,7 +28,7 @@ Exactness. The reverse decodes the buffer with gates it recomputes, so they must
 forward's bit for bit. Every kernel computes a gate with the same ``@triton.jit`` function, which
 Triton inlines, and every kernel is compiled with FMA contraction off (``enable_fp_fusion=False``,
 pinned for every launch), so no kernel fuses a product and a sum that another rounds twice. The
-activations are the rational tanh and σ of :mod:`.activations` (:func:`_tanh`), multiplies, adds and
+activations are the rational tanh and σ of :mod:`.activations` (:func:`tanh`), multiplies, adds and
 a correctly rounded division (``div_rn``), no approximate ``exp``: each result is IEEE-rounded, so the
 kernels compute the same gates on a GPU as in Triton's interpreter, and as the numba kernels on the
 same products. The products a kernel computes itself (RevGRU's z, r) are sums in ``tl.dot``'s own order,
@@ -85,9 +85,9 @@ _TILE = {"BLOCK_B": 16, "BLOCK_J": 32, "BLOCK_K": 32}
 
 
 @triton.jit
-def _tanh(x):
+def tanh(x):
     """The rational tanh of :mod:`.activations` in the numba kernels' order of operations
-    (:func:`revnmt.rnn.kernels.numba_steps._tanh`): multiplies, adds and one correctly rounded division, so
+    (:func:`revnmt.rnn.kernels.numba_steps.tanh`): multiplies, adds and one correctly rounded division, so
     every result is IEEE-rounded and the interpreter, the GPU and the CPU loops agree on it. Clamped with
     comparisons, which leave a NaN a NaN (a range error later), where ``minimum``/``maximum`` may drop it."""
     x = tl.where(x > TANH_CLAMP, TANH_CLAMP, tl.where(x < -TANH_CLAMP, -TANH_CLAMP, x))
@@ -97,8 +97,8 @@ def _tanh(x):
 
 
 @triton.jit
-def _sigmoid(x):
-    return 0.5 + 0.5 * _tanh(0.5 * x)
+def sigmoid(x):
+    return 0.5 + 0.5 * tanh(0.5 * x)
 
 
 @triton.jit
@@ -121,7 +121,7 @@ def _restrict(s, slope):
 
 
 @triton.jit
-def _gru_update(args, b, j, valid):
+def gru_update(args, b, j, valid):
     """RevGRU's h ← z·h + (1 − z)·g: (z, u, g, σ(z's pre-activation)). ``args``: g's product and projection
     columns, σ of [z | r] and its row stride, the forget slope.
 
@@ -132,7 +132,7 @@ def _gru_update(args, b, j, valid):
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, s_ptr, s_rs, slope = args
     sz = tl.load(s_ptr + b * s_rs + j, mask=valid, other=0.0)
-    g = _tanh(tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0)
+    g = tanh(tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0)
               + tl.load(p_gates_ptr + b * p_gates_rs + j, mask=valid, other=0.0))
     z = _restrict(sz, slope)
     return z, (1.0 - z) * g, g, sz
@@ -147,7 +147,7 @@ def _lstm_pre(args, b, column, valid):
 
 
 @triton.jit
-def _lstm_cell_update(args, b, j, valid):
+def lstm_cell_update(args, b, j, valid):
     """RevLSTM's c ← f·c + i·g: (z, u, σ(f), tanh(g), σ(i)). ``args``: the five gates' product and projection
     columns, ``half`` apart, and the forget slope.
 
@@ -157,16 +157,16 @@ def _lstm_cell_update(args, b, j, valid):
         u = torch.sigmoid(i) * torch.tanh(g)
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope = args
-    sf = _sigmoid(_lstm_pre(args, b, j, valid))
-    g = _tanh(_lstm_pre(args, b, half + j, valid))
-    ig = _sigmoid(_lstm_pre(args, b, 2 * half + j, valid))
+    sf = sigmoid(_lstm_pre(args, b, j, valid))
+    g = tanh(_lstm_pre(args, b, half + j, valid))
+    ig = sigmoid(_lstm_pre(args, b, 2 * half + j, valid))
     return _restrict(sf, slope), ig * g, sf, g, ig
 
 
 @triton.jit
-def _lstm_hidden_update(args, b, j, valid):
+def lstm_hidden_update(args, b, j, valid):
     """RevLSTM's h ← p·h + o·tanh(c) with the new cell c: (z, u, σ(o), σ(p), tanh(c)). ``args``: as
-    :func:`_lstm_cell_update`'s, then the new cell (int32) and its row stride.
+    :func:`lstm_cell_update`'s, then the new cell (int32) and its row stride.
 
     Reference (:class:`revnmt.rnn.cells.RevLSTMCell`, ``_activations``, ``_terms`` and ``_forward_reference``)::
 
@@ -174,9 +174,9 @@ def _lstm_hidden_update(args, b, j, valid):
         u = torch.sigmoid(o) * torch.tanh(to_float(c))  # c: the new cell
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs = args
-    o = _sigmoid(_lstm_pre(args, b, 3 * half + j, valid))
-    sp = _sigmoid(_lstm_pre(args, b, 4 * half + j, valid))
-    tc = _tanh(to_float(tl.load(c_ptr + b * c_rs + j, mask=valid, other=0)))
+    o = sigmoid(_lstm_pre(args, b, 3 * half + j, valid))
+    sp = sigmoid(_lstm_pre(args, b, 4 * half + j, valid))
+    tc = tanh(to_float(tl.load(c_ptr + b * c_rs + j, mask=valid, other=0)))
     return _restrict(sp, slope), o * tc, o, sp, tc
 
 
@@ -225,8 +225,8 @@ def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, 
     pre_z = _linear_tile(zeros, read_ptr, read_rs, w_ptr, w_os, w_ks, rows, units, batch, half, half, BLOCK_K)
     pre_r = _linear_tile(zeros, read_ptr, read_rs, w_ptr + half * w_os, w_os, w_ks, rows, units, batch, half, half,
                          BLOCK_K)
-    sz = _sigmoid(pre_z + tl.load(p_ptr + b * p_rs + j, mask=ok, other=0.0))
-    sr = _sigmoid(pre_r + tl.load(p_ptr + b * p_rs + half + j, mask=ok, other=0.0))
+    sz = sigmoid(pre_z + tl.load(p_ptr + b * p_rs + j, mask=ok, other=0.0))
+    sr = sigmoid(pre_r + tl.load(p_ptr + b * p_rs + half + j, mask=ok, other=0.0))
     tl.store(s_ptr + b * 2 * half + j, sz, mask=ok)
     tl.store(s_ptr + b * 2 * half + half + j, sr, mask=ok)
     tl.store(rh_ptr + b * rh_rs + j, sr * _as_float(tl.load(read_ptr + b * read_rs + j, mask=ok, other=0)), mask=ok)
@@ -241,7 +241,7 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
     gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
     top, status = open_slab(top_ptr)
     # h's columns are adjacent; the row mask applies across a row (column stride 0).
-    top, lost, status = push_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
+    top, lost, status = push_walk(gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
                                   curr_ptr, stack_ptr, flags_ptr + first_flag, lost_table_ptr, top, status, batch,
                                   half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
                                   LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
@@ -264,7 +264,7 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
     gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
     if POP:
         top, status = open_slab(top_ptr)
-        top, status = pop_walk(_gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_ptr, prev_rs, float_ptr,
+        top, status = pop_walk(gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_ptr, prev_rs, float_ptr,
                                restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + first_flag, top, status,
                                batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
                                FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
@@ -274,7 +274,7 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
         for start in range(0, batch * half, ELEMENT_BLOCK):
             ok, b, j = elements(start, batch, half, ELEMENT_BLOCK)
             live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
-            z, u, g, sz = _gru_update(gates, b, j, ok)
+            z, u, g, sz = gru_update(gates, b, j, ok)
             zq, _, _ = fixed_terms(z, u, live, ok, min_numerator)
             grad = tl.load(grad_ptr + b * grad_rs + j, mask=ok, other=0.0)
             if GRAD_OUT:
@@ -335,13 +335,13 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_
     cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
     hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, out_c_ptr, out_rs)
     top, status = open_slab(top_ptr)
-    top, lost, status = push_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
+    top, lost, status = push_walk(lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
                                   float_ptr, curr_ptr, stack_ptr, flags_ptr + flag_c, lost_table_ptr, top, status,
                                   batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, FLOAT=False,
                                   LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr, lost)
     tl.debug_barrier()  # h's terms read the new cell that other threads wrote
-    top, lost, status = push_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
+    top, lost, status = push_walk(lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
                                   float_ptr, curr_ptr, stack_ptr, flags_ptr + flag_h, lost_table_ptr, top, status,
                                   batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
                                   LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
@@ -366,11 +366,11 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr,
     hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs)
     if POP:
         top, status = open_slab(top_ptr)
-        top, status = pop_walk(_lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_h_ptr,
+        top, status = pop_walk(lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_h_ptr,
                                prev_h_rs, float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + flag_h,
                                top, status, batch, half, stored, lane_rows, lanes, min_numerator, GATES=True,
                                RESTORE=True, FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-        top, status = pop_walk(_lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, prev_c_ptr, prev_c_rs,
+        top, status = pop_walk(lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, prev_c_ptr, prev_c_rs,
                                float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + flag_c, top,
                                status, batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
                                FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
@@ -380,8 +380,8 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr,
         for start in range(0, batch * half, ELEMENT_BLOCK):
             ok, b, j = elements(start, batch, half, ELEMENT_BLOCK)
             live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
-            z_c, u_c, sf, g, ig = _lstm_cell_update(cell, b, j, ok)
-            z_h, u_h, o, sp, tc = _lstm_hidden_update(hidden, b, j, ok)
+            z_c, u_c, sf, g, ig = lstm_cell_update(cell, b, j, ok)
+            z_h, u_h, o, sp, tc = lstm_hidden_update(hidden, b, j, ok)
             zq_c, _, _ = fixed_terms(z_c, u_c, live, ok, min_numerator)
             zq_h, _, _ = fixed_terms(z_h, u_h, live, ok, min_numerator)
             grad_h = tl.load(grad_h_ptr + b * grad_h_rs + j, mask=ok, other=0.0)

@@ -36,11 +36,11 @@ if HAS_TRITON:
     from revnmt.rnn.backends import BACKENDS
     from revnmt.rnn.kernels.triton_steps import (
         TRITON_STEPS,
-        _gru_update,
-        _lstm_cell_update,
-        _lstm_hidden_update,
-        _sigmoid,
-        _tanh,
+        gru_update,
+        lstm_cell_update,
+        lstm_hidden_update,
+        sigmoid,
+        tanh,
     )
 
     # Which update's pointwise function _terms_kernel runs: RevGRU's h, RevLSTM's c, RevLSTM's h.
@@ -53,11 +53,11 @@ if HAS_TRITON:
         RevLSTM's new cell (for the hidden update)."""
         ok, b, j = elements(0, batch, half, BLOCK)
         if KIND == GRU:
-            terms = _gru_update((pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, slope), b, j, ok)
+            terms = gru_update((pre_ptr, pre_rs, proj_ptr, proj_rs, aux_ptr, aux_rs, slope), b, j, ok)
         elif KIND == LSTM_CELL:
-            terms = _lstm_cell_update((pre_ptr, pre_rs, proj_ptr, proj_rs, half, slope), b, j, ok)
+            terms = lstm_cell_update((pre_ptr, pre_rs, proj_ptr, proj_rs, half, slope), b, j, ok)
         else:
-            terms = _lstm_hidden_update((pre_ptr, pre_rs, proj_ptr, proj_rs, half, slope, aux_ptr, aux_rs), b, j, ok)
+            terms = lstm_hidden_update((pre_ptr, pre_rs, proj_ptr, proj_rs, half, slope, aux_ptr, aux_rs), b, j, ok)
         tl.store(z_ptr + b * half + j, terms[0], mask=ok)
         tl.store(u_ptr + b * half + j, terms[1], mask=ok)
 
@@ -65,8 +65,8 @@ if HAS_TRITON:
     def _activations_kernel(x_ptr, tanh_ptr, sigmoid_ptr, BLOCK: tl.constexpr):
         k = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + k)
-        tl.store(tanh_ptr + k, _tanh(x))
-        tl.store(sigmoid_ptr + k, _sigmoid(x))
+        tl.store(tanh_ptr + k, tanh(x))
+        tl.store(sigmoid_ptr + k, sigmoid(x))
 
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -274,7 +274,7 @@ def test_activations_are_the_numba_kernels_bit_for_bit():
     @njit
     def numba_acts(x, t, s):
         for k in range(x.shape[0]):
-            t[k], s[k] = numba_steps._tanh(x[k]), numba_steps._sigmoid(x[k])
+            t[k], s[k] = numba_steps.tanh(x[k]), numba_steps.sigmoid(x[k])
 
     x = torch.cat([torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0]), torch.linspace(-12, 12, 4092),
                    torch.randn(4096) * 1e-3])  # a power of two in all
