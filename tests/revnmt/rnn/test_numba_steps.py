@@ -32,7 +32,7 @@ def _gru_terms(s, g_pre, p, col, slope):
     z, u = np.empty((rows, half), np.float32), np.empty((rows, half), np.float32)
     for b in range(rows):
         for j in range(half):
-            z[b, j], u[b, j] = ns._gru_terms(s[b, j], ns._tanh(g_pre[b, j] + p[b, col + j]), slope)
+            z[b, j], u[b, j] = ns._gru_terms(s[b, j], ns.tanh(g_pre[b, j] + p[b, col + j]), slope)
     return z, u
 
 
