@@ -68,8 +68,8 @@ def test_train_resume_translate(corpus, tmp_path):
                "--device", "cpu"]
     first = _run("revnmt-train", *command, "--max-steps", "4")
     assert first.returncode == 0, first.stderr.decode()
-    assert {p.name for p in run.iterdir()} == {".lock", "data", "config.json", "src.vocab", "tgt.vocab", "last.pt",
-                                               "best.pt", "train.log", "valid.tsv", "test.hyp", "test.json"}
+    assert {p.name for p in run.iterdir()} == {".lock", ".revnmt", "data", "config.json", "src.vocab", "tgt.vocab",
+                                               "last.pt", "best.pt", "train.log", "valid.tsv", "test.hyp", "test.json"}
     assert len((run / "test.hyp").read_text(encoding="utf-8").splitlines()) == SIZES["test"]
 
     resumed = _run("revnmt-train", *command, "--max-steps", "12")  # across the end of epoch 1 (10 batches)
