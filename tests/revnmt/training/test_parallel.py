@@ -227,5 +227,5 @@ def test_a_memory_budget_with_hogwild_says_it_bounds_each_worker(train, tmp_path
     assert train(run, "--hogwild", "2", "--max-steps", "2", "--memory-budget", "4GiB") == 0
     log = (run / "train.log").read_text()
     assert "bounds each training process's steps: with --hogwild 2 the workers together may hold about 2 × 4" in log
-    assert re.search(r"main process peak RSS [\d.]+ MiB; the 4\.00 GiB budget bounds each of the 2 workers' steps",
+    assert re.search(r"main process peak RSS [\d.]+ [KMG]iB; the 4\.00 GiB budget bounds each of the 2 workers' steps",
                      log), log
