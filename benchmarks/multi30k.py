@@ -217,7 +217,7 @@ class Job:
     """What :func:`run_all` runs, ``--jobs`` at a time: a model's run or the ensemble. ``steps`` lists what it
     still needs from the files ``directory`` holds now."""
     name: str
-    directory: Path  # where its console.log goes, and the train.log its progress is read from
+    directory: Path  # the train.log its progress is read from; its console log is DIRECTORY.console.log beside it
     steps: Callable[[], list[Step]]
 
 
@@ -389,7 +389,7 @@ def run_all(args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
 
     def start(job: Job) -> bool:
         """Start the job's next command, doing the instant steps before it; False if none is left."""
-        job.directory.mkdir(parents=True, exist_ok=True)
+        job.directory.parent.mkdir(parents=True, exist_ok=True)
         while steps := job.steps():
             step = steps[0]
             if step.action is not None:
@@ -397,7 +397,8 @@ def run_all(args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
                 continue
             step.output.parent.mkdir(parents=True, exist_ok=True)  # revnmt-translate writes into existing folders
             # the commands log to the console; it goes to a file (tracebacks included).
-            console = open(job.directory / "console.log", "a", encoding="utf-8")
+            # beside the run, not in it: revnmt-train writes only into a new or empty folder, or a run it made
+            console = open(console_log(job), "a", encoding="utf-8")
             print(f"[{job.name}] {' '.join(step.command[1:])}", flush=True)
             process = subprocess.Popen(step.command, stdout=console, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             console.close()
@@ -421,7 +422,7 @@ def run_all(args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
                 # A command that succeeds without writing its output would otherwise be started again and again.
                 if process.returncode != 0 or not step.output.is_file():
                     why = f"exit {process.returncode}" if process.returncode else f"it wrote no {step.output.name}"
-                    print(f"[{name}] failed ({why}): see {job.directory / 'console.log'}", flush=True)
+                    print(f"[{name}] failed ({why}): see {console_log(job)}", flush=True)
                     failed.append(name)
                 elif not start(job):
                     print(f"[{name}] done ({(time.monotonic() - started) / 60:.1f} min for its last step)", flush=True)
@@ -431,6 +432,11 @@ def run_all(args: argparse.Namespace, jobs: Sequence[Job]) -> list[str]:
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return failed
+
+
+def console_log(job: Job) -> Path:
+    """Where a job's commands write their console output (tracebacks included)."""
+    return job.directory.with_name(f"{job.directory.name}.console.log")
 
 
 def last_progress_line(run: Path) -> str:
