@@ -21,6 +21,7 @@ import torch
 from buffers import (
     FORGET_ONE,
     HIDDEN_RADIX,
+    ForgetLimit,
     InformationBuffer,
     checked_add,
     quantize_forget,
@@ -34,7 +35,8 @@ def trained_like_gates(steps: int, batch: int, units: int, max_bits: int, device
     """Quantized forget numerators z* = round(1024·(m·σ(a) + 1 − m)), a ~ N(1, 1.5)."""
     gen = torch.Generator().manual_seed(seed)
     pre = torch.randn(steps, batch, units, generator=gen) * 1.5 + 1.0
-    z = quantize_forget(restrict_forget(torch.sigmoid(pre), max_bits), max_bits)
+    limit = ForgetLimit(max_bits)
+    z = quantize_forget(restrict_forget(torch.sigmoid(pre), limit), limit)
     return list(z.to(device))
 
 
@@ -50,7 +52,7 @@ def throughput(device: torch.device, batch: int, units: int, steps: int, max_bit
     mask = torch.ones(batch, dtype=torch.bool, device=device)
     result = {}
     for _ in range(2):  # the first pass warms up allocator and kernels
-        buf = InformationBuffer(batch, units, device=device, max_bits=max_bits)
+        buf = InformationBuffer(batch, units, device=device, limit=ForgetLimit(max_bits))
         _sync(device)
         t0 = time.perf_counter()
         h = h0
@@ -79,7 +81,7 @@ def storage(device: torch.device, batch: int, units: int, steps: int, groups: in
     """
     zs = trained_like_gates(steps * groups, batch, units, max_bits, device, seed=1)
     gen = torch.Generator().manual_seed(2)
-    buf = InformationBuffer(batch, lanes, device=device, max_bits=max_bits, share_rows=share_rows)
+    buf = InformationBuffer(batch, lanes, device=device, limit=ForgetLimit(max_bits), share_rows=share_rows)
     h = to_fixed(torch.rand(batch, units, generator=gen) * 2 - 1).to(device)
     for z in zs:
         g = (torch.rand(batch, units, generator=gen) * 2 - 1).to(device)

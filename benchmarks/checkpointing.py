@@ -36,12 +36,12 @@ def measure(cfg: ModelConfig, lengths: list[int], sentences: int) -> list[dict]:
         steps, candidates = best_checkpoint_steps(cfg, batch)
         row = {"length": length, "sentences": sentences, "checkpoint_steps": steps, "saved_bytes_per_token": {},
                "held_bytes_per_token": {}}
-        for name, model_cfg in comparison_configs(cfg, steps).items():
+        for name, configs in comparison_configs(cfg, steps).items():
             torch.manual_seed(0)
             if name == "checkpointed":  # measured already, as the best candidate
                 saved, held, _ = candidates[str(steps)]
             else:
-                saved, held, _ = per_token_memory(build_model(model_cfg), batch)
+                saved, held, _ = per_token_memory(build_model(*configs), batch)
             row["saved_bytes_per_token"][name], row["held_bytes_per_token"][name] = saved, held
         rows.append(row)
         print(table_row(row), flush=True)
@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = ModelConfig(rnn=args.rnn, attention=args.attention, hidden_size=args.hidden_size, emb_dim=args.emb_dim,
                       layers=args.layers, slice_dim=args.slice_dim or min(20, args.hidden_size // 2),
-                      src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB).validate()
+                      src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB)
     print(f"{args.rnn} {args.attention}, {args.layers} layer(s) of {args.hidden_size} units, {args.batch} sentences of "
           f"T tokens a side; per target token, bytes autograd saves + bytes held outside autograd:")
     print("| T | best K | " + " | ".join(LABELS.values()) + " |")

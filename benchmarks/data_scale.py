@@ -70,7 +70,7 @@ from pathlib import Path
 
 from machine import cpu_name
 
-from revnmt.cli.options import add_data_options
+from revnmt.arguments import add_data_options
 from revnmt.data import MULTI30K_SPLITS, find_multi30k, language_file
 
 TEXT_KINDS = ("words", "bpe")

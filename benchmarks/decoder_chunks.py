@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from revnmt.memory.budget import synthetic_batch
 from revnmt.memory.report import ordinary_counterpart, per_token_memory
-from revnmt.model import ModelConfig, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, build_model
 
 SRC_VOCAB, TGT_VOCAB = 5_896, 7_886  # Multi30K's at --min-freq 2
 
@@ -45,7 +44,7 @@ def main() -> None:
     lengths = [args.lengths[i % len(args.lengths)] for i in range(args.batches + 2)]
     batches = [synthetic_batch(args.batch, n, SRC_VOCAB, TGT_VOCAB, cpu, seed=i) for i, n in enumerate(lengths)]
     base = ModelConfig(rnn=args.rnn, attention="emb+slice", src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB)
-    models = {f"chunk {k}": build_model(replace(base, decoder_chunk_steps=k)) for k in args.chunks}
+    models = {f"chunk {k}": build_model(base, ExecutionConfig(decoder_chunk_steps=k)) for k in args.chunks}
     models["ordinary"] = build_model(ordinary_counterpart(base))
 
     def step(model):

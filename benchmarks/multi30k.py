@@ -58,14 +58,14 @@ from pathlib import Path
 import torch
 from machine import cpu_name
 
+from revnmt.arguments import run_config as train_config
 from revnmt.atomic import atomic_write_text
-from revnmt.checkpoints import BEST_CHECKPOINT, LAST_CHECKPOINT, load_checkpoint
-from revnmt.cli.options import byte_size
-from revnmt.cli.train import parse_args as train_config
+from revnmt.checkpoints import BEST_CHECKPOINT, LAST_CHECKPOINT, Checkpoint
 from revnmt.data import Batch, BatchSampler, language_file, load_data, make_batch, multi30k_prefix
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import build_model
 from revnmt.profiling.speed import tokens_per_second
+from revnmt.training.config import byte_size
 from revnmt.training.schedule import build_optimizer
 from revnmt.training.trainer import clip_and_step, compute_gradients
 from revnmt.translation import LengthPenalty
@@ -476,7 +476,7 @@ def _speed_side_by_side(args: argparse.Namespace, models: list[Model]) -> dict[s
     for model in models:
         config = train_config(train_options(args, model)).with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
         torch.manual_seed(config.training.seed)
-        nets[model.name] = build_model(config.model).to(args.device)
+        nets[model.name] = build_model(config.model, config.execution).to(args.device)
         optimizers[model.name] = build_optimizer(config.training, nets[model.name].parameters())
         clips[model.name] = config.training.clip
 
@@ -497,20 +497,20 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
     run = args.runs / model.name
     if not (run / LAST_CHECKPOINT).is_file():
         return None
-    state = load_checkpoint(run / LAST_CHECKPOINT)["trainer"]
+    state = Checkpoint.load(run / LAST_CHECKPOINT, needs=("training",)).training.trainer
     with open(run / "valid.tsv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    best = next((r for r in rows if int(r["step"]) == state["best_step"]), None)
+    best = next((r for r in rows if int(r["step"]) == state.best_step), None)
     result = {
         "model": model.name, "rnn": model.rnn, "attention": model.attention, "bits": model.bits,
         "text": TEXT_LABELS[model.text],
         "finished": (run / "test.json").is_file(),
         "epochs_trained": len(rows),
         "dev_bleu_by_epoch": [float(r["dev_bleu"]) for r in rows],
-        "dev_bleu": state["best_bleu"] if best else None,
+        "dev_bleu": state.best_bleu if best else None,
         "best_epoch": int(best["epoch"]) if best else None,
         "minutes_to_best": int(best["elapsed_s"]) / 60 if best else None,
-        "run_tokens_per_s": state.get("train_tokens", 0) / state["train_s"] if state.get("train_s") else None,
+        "run_tokens_per_s": state.train_tokens / state.train_s if state.train_s else None,
         "tokens_per_s": speed.get(model.name),
     }
     if result["finished"]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from revnmt.cli.train import parse_args
+from revnmt.arguments import run_config
 from revnmt.data import MULTI30K_SPLITS, find_multi30k, load_data, load_parallel
 from revnmt.model import build_model
 from revnmt.training.hogwild import HogwildTrainer
@@ -61,11 +61,11 @@ class TimedTrainer(HogwildTrainer):
 def run(name: str, argv: list[str], target: float) -> dict:
     """Train with revnmt-train's options ``argv``; the figures of the run."""
     with tempfile.TemporaryDirectory() as save_dir:
-        config = parse_args([*argv, "--save-dir", save_dir])
+        config = run_config([*argv, "--save-dir", save_dir])
         data = load_data(config.data)
         config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
         torch.manual_seed(config.training.seed)
-        model = build_model(config.model).to(config.training.device)
+        model = build_model(config.model, config.execution).to(config.training.device)
         trainer = TimedTrainer(config, data, model, target=target)
         trainer.train()
     reached = next((point for point in trainer.curve if point["dev_loss"] <= target), None)

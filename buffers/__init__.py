@@ -4,24 +4,24 @@ This package knows nothing of NMT: it provides int32 fixed-point conversions, ex
 multiplication by quantized gates (Algorithm 1 of Maclaurin et al. 2015, as used by MacKay et al.
 2018), and :class:`InformationBuffer`, which stores the bits those multiplications destroy.
 
-Modules: :mod:`.fixed` (fixed point), :mod:`.multiply` (Algorithm 1 as tensor ops), :mod:`.words`
-(the buffer's words and their bookkeeping), :mod:`.backends` (where the arithmetic runs: numba,
-torch or Triton), :mod:`.buffer` (the front that ties them together).
+Modules: :mod:`.fixed` (fixed point, the forget limit), :mod:`.multiply` (Algorithm 1 as tensor
+ops), :mod:`.words` (the buffer's words and their bookkeeping), :mod:`.backends` (where the
+arithmetic runs: numba, torch or Triton), :mod:`.buffer` (the front that ties them together).
 """
 
-from .backends import BACKENDS
+from . import backends
 from .buffer import InformationBuffer
 from .fixed import (
     FORGET_ONE,
     FORGET_RADIX,
     HIDDEN_RADIX,
     MAX_FORGET_CHOICES,
+    NO_FORGET_LIMIT,
     FixedPointOverflowError,
+    ForgetLimit,
     OverflowGuard,
     checked_add,
-    forget_multiplier,
     lossy_update,
-    min_forget_numerator,
     quantize_forget,
     restrict_forget,
     straight_through,
@@ -32,9 +32,8 @@ from .multiply import div_exact, mul_exact
 from .words import WORD_LIMIT, BufferError
 
 __all__ = [
-    "BACKENDS", "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "HIDDEN_RADIX",
-    "InformationBuffer",
-    "MAX_FORGET_CHOICES", "OverflowGuard", "WORD_LIMIT", "checked_add", "div_exact",
-    "forget_multiplier", "lossy_update", "min_forget_numerator", "mul_exact", "quantize_forget", "restrict_forget",
+    "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "ForgetLimit", "HIDDEN_RADIX",
+    "InformationBuffer", "MAX_FORGET_CHOICES", "NO_FORGET_LIMIT", "OverflowGuard", "WORD_LIMIT", "backends",
+    "checked_add", "div_exact", "lossy_update", "mul_exact", "quantize_forget", "restrict_forget",
     "straight_through", "to_fixed", "to_float",
 ]

@@ -3,8 +3,8 @@
 :class:`InformationBuffer` is the front: it checks arguments, keeps the stack large enough and the
 pops in mirror order (:class:`~buffers.words.WordStack`, where the layout is described), and hands
 the arithmetic to a backend (:mod:`buffers.backends`: compiled CPU loops, tensor ops, or Triton
-kernels), chosen once, by argument, when the buffer is made. All backends give the same words and
-states bit for bit.
+kernels), given to it ready made: a caller that makes a buffer per batch resolves the backend once.
+All backends give the same words and states bit for bit.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .fixed import FORGET_ONE
+from .backends import BufferBackend
+from .fixed import FORGET_ONE, NO_FORGET_LIMIT, ForgetLimit
 from .plans import PopPlan, PushPlan, SliceUpdate
 from .words import BAD_NUMERATOR, BufferError, WordStack, numerator_message
 
@@ -25,10 +26,11 @@ class InformationBuffer:
         units: lanes per row. A state group narrower than this uses the first lanes, a wider one
             is folded onto them, so groups of any width can share one buffer.
         device: where the words live.
-        max_bits: the most bits a push may forget (z* ≥ 2^(R_Z − max_bits)); ``None`` for R_Z.
+        limit: the most bits a push may forget (z* ≥ ``limit.min_numerator``); no limit but R_Z by default.
             A tighter limit lets the host read the stack height less often. Numerators below it are rejected.
-        backend: ``"auto"`` (numba on CPU; triton on CUDA where importable, else torch), ``"numba"``,
-            ``"torch"`` or ``"triton"``; see :mod:`buffers.backends`. Same results bit for bit.
+        backend: what runs the arithmetic, :func:`buffers.backends.resolve` of a name and this device (checked
+            here to run on it); None: ``"auto"`` resolved (numba on CPU; triton on CUDA where importable, else
+            torch). Same results bit for bit.
         share_rows: fold every row's columns, row after row, onto all ``batch × units`` lanes
             together instead of each row onto its own ``units`` lanes. Every lane then takes
             columns of many rows and fills at about the batch's mean rate, where a lane of its own
@@ -41,16 +43,20 @@ class InformationBuffer:
     """
 
     def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
-                 max_bits: int | None = None, backend: str = "auto", share_rows: bool = False,
-                 eager_checks: bool | None = None) -> None:
+                 limit: ForgetLimit = NO_FORGET_LIMIT, backend: BufferBackend | None = None,
+                 share_rows: bool = False, eager_checks: bool | None = None) -> None:
         if batch < 1 or units < 1:
             raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
         # canonical, as tensors report it ("cuda" becomes "cuda:0"), so the device checks compare like with like
         self.device = torch.empty(0, device=device if device is not None else "cpu").device
-        self.backend = backends.create(backend, self.device)
-        self.batch, self.units, self.share_rows, self.max_bits = batch, units, share_rows, max_bits
+        if backend is None:
+            backend = backends.resolve("auto", self.device)
+        else:
+            backend.check_device(self.device)
+        self.backend = backend
+        self.batch, self.units, self.share_rows = batch, units, share_rows
         eager = self.device.type == "cpu" if eager_checks is None else eager_checks
-        self.words = WordStack(batch, units, self.device, max_bits, share_rows, eager)
+        self.words = WordStack(batch, units, self.device, limit, share_rows, eager)
 
     # ------------------------------------------------------------------ the update (the per-step API)
 
@@ -65,7 +71,7 @@ class InformationBuffer:
         elsewhere (e.g. an attention slice): they take the plain floor product and skip the buffer.
         """
         self._check_update("push_update", h, z, u, mask, stored)
-        plan = self.plan_push((h.shape[1], stored))
+        plan = PushPlan(self.words, [(h.shape[1], stored)])
         out, lost = self.backend.push_update(self.words, h, z, u, mask, stored, plan.flags[0])
         plan.done(lost)
         return out
@@ -75,21 +81,25 @@ class InformationBuffer:
         """The exact inverse of the matching :meth:`push_update`, but for the first ``stored`` columns,
         which hold h − u: the caller restores them from where they were kept."""
         self._check_update("pop_update", h, z, u, mask, stored)
-        plan = self.plan_pop((h.shape[1], stored))
+        plan = PopPlan(self.words, [(h.shape[1], stored)])
         out = self.backend.pop_update(self.words, h, z, u, mask, stored, plan.flags[0])
         plan.done()
         return out
 
     # ------------------------------------------------------------------ fused updates (buffers.plans)
 
-    def plan_push(self, *updates: SliceUpdate) -> PushPlan:
-        """The books of a fused call that pushes ``updates`` ((width, stored) each, in push order): the
-        stack made large enough, each update's first flag, and :meth:`PushPlan.done` to record them."""
+    def plan_push(self, *updates: SliceUpdate, limit: ForgetLimit) -> PushPlan:
+        """The books of a fused call that pushes ``updates`` ((width, stored) each, in push order) of gates
+        under ``limit``: the stack made large enough, each update's first flag, and :meth:`PushPlan.done` to
+        record them."""
+        self._check_limit(limit)
         return PushPlan(self.words, updates)
 
-    def plan_pop(self, *updates: SliceUpdate) -> PopPlan:
-        """The books of a fused call that pops ``updates`` (given in push order), checked to mirror the last
-        pushes: each update's first flag, and :meth:`PopPlan.done` to record the pops."""
+    def plan_pop(self, *updates: SliceUpdate, limit: ForgetLimit) -> PopPlan:
+        """The books of a fused call that pops ``updates`` (given in push order) of gates under ``limit``,
+        checked to mirror the last pushes: each update's first flag, and :meth:`PopPlan.done` to record the
+        pops."""
+        self._check_limit(limit)
         return PopPlan(self.words, updates)
 
     # ------------------------------------------------------------------ Algorithm 1 on numerators
@@ -98,14 +108,14 @@ class InformationBuffer:
         """Return h·z/2^R_Z (int32), storing the bits the product loses.
 
         ``h`` is int32 [batch, w], ``z`` integer numerators of the same shape in
-        [min_numerator, 2^R_Z], ``mask`` bool [batch] or [batch, w]: False leaves a lane (padding)
+        [``limit.min_numerator``, 2^R_Z], ``mask`` bool [batch] or [batch, w]: False leaves a lane (padding)
         bit-for-bit unchanged, in ``h`` and in the buffer. A group narrower than the buffer uses
         its first lanes; a wider one is folded onto the lanes in chunks of ``units`` columns, one
         push per chunk, so that few lanes fill whole words instead of many lanes holding a
         mostly empty one each.
         """
         folded, zl, active = self._folded("push_mul", h, z, mask)
-        plan = self.plan_push((h.shape[1], 0))
+        plan = PushPlan(self.words, [(h.shape[1], 0)])
         out, lost = self.backend.push_mul(self.words, folded, zl, active, plan.flags[0])
         plan.done(lost)
         return out.reshape(self.batch, -1)
@@ -113,7 +123,7 @@ class InformationBuffer:
     def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
         folded, zl, active = self._folded("pop_div", h, z, mask)
-        plan = self.plan_pop((h.shape[1], 0))
+        plan = PopPlan(self.words, [(h.shape[1], 0)])
         out = self.backend.pop_div(self.words, folded, zl, active, plan.flags[0])
         plan.done()
         return out.reshape(self.batch, -1)
@@ -167,6 +177,12 @@ class InformationBuffer:
 
     # ------------------------------------------------------------------ argument checks
 
+    def _check_limit(self, limit: ForgetLimit) -> None:
+        """A fused call clamps its numerators to its own limit: it must be the buffer's, which sizes the stack."""
+        if limit != self.words.limit:
+            raise ValueError(f"a fused update under {limit} on a buffer made for {self.words.limit}: the buffer "
+                             "sizes its stack by its own limit, which the update must share")
+
     def _check_update(self, op: str, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor,
                       stored: int) -> None:
         if not isinstance(h, torch.Tensor) or h.dtype != torch.int32 or h.dim() != 2 or h.shape[0] != self.batch:
@@ -208,13 +224,14 @@ class InformationBuffer:
                                  f"got {list(mask.shape)}")
             active = self.words.fold(mask.expand_as(h))
             zl = torch.where(mask, zl, FORGET_ONE)
-        bad = (zl < self.words.min_numerator) | (zl > FORGET_ONE)
+        min_numerator = self.words.limit.min_numerator
+        bad = (zl < min_numerator) | (zl > FORGET_ONE)
         if self.words.eager_checks:
             if bool(bad.any()):  # before anything is pushed: a rejected call changes nothing
-                raise ValueError(numerator_message(self.words.min_numerator))
+                raise ValueError(numerator_message(min_numerator))
         else:
             self.words.record_error(bad, BAD_NUMERATOR)
-        zl = zl.clamp(self.words.min_numerator, FORGET_ONE)
+        zl = zl.clamp(min_numerator, FORGET_ONE)
         return self.words.fold(h), self.words.fold(zl), active
 
 

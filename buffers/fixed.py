@@ -9,6 +9,8 @@ numbers carry gradients (see :func:`straight_through`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 HIDDEN_RADIX = 23
@@ -18,9 +20,36 @@ FORGET_ONE = 1 << FORGET_RADIX  # the numerator of z = 1 (nothing forgotten)
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 
-#: Max-forgetting settings the toolkit offers (bits per unit per step); ``None`` means "no limit",
+#: The forget limits there are (bits per unit per step, :class:`ForgetLimit`); ``None`` means "no limit",
 #: which the quantization still caps at FORGET_RADIX bits because z* is never 0.
 MAX_FORGET_CHOICES = (1, 2, 3, 5, None)
+
+
+@dataclass(frozen=True)
+class ForgetLimit:
+    """At most ``bits`` bits forgotten per unit and update (``None``: no limit), and the numbers that follow.
+
+    A forget gate σ is mapped to z = m·σ + (1 − m) with the ``slope`` m = 1 − 2^-bits, so z ≥ 2^-bits, and
+    quantized to a numerator z* of at least ``min_numerator`` = 2^(R_Z − bits). One value is made per
+    layer and shared by its cells, its buffers and the kernels: the gates' slope and the buffer's smallest
+    numerator then come from the same limit, and the stack is sized by the limit the gates obey.
+    """
+
+    bits: int | None = None
+    slope: float = field(init=False, repr=False, compare=False)
+    min_numerator: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (self.bits is None or (type(self.bits) is int and self.bits in MAX_FORGET_CHOICES)):
+            raise ValueError(f"max forgotten bits must be one of {', '.join(map(str, MAX_FORGET_CHOICES))}, "
+                             f"got {self.bits!r}")
+        # frozen: the derived numbers are set once, here
+        object.__setattr__(self, "slope", 1.0 if self.bits is None else 1.0 - 2.0 ** -self.bits)
+        object.__setattr__(self, "min_numerator", 1 if self.bits is None else FORGET_ONE >> self.bits)
+
+
+#: No limit but the quantization's (a buffer's default).
+NO_FORGET_LIMIT = ForgetLimit()
 
 
 class FixedPointOverflowError(ArithmeticError):
@@ -106,43 +135,28 @@ def checked_add(a: torch.Tensor, b: torch.Tensor, guard: OverflowGuard | None = 
     return s.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
 
 
-def forget_multiplier(max_bits: int | None) -> float:
-    """m in z = m·σ(a) + (1 − m): m = 1 − 2^-k keeps z ≥ 2^-k, so at most k bits are forgotten."""
-    if max_bits is None:
-        return 1.0
-    if not isinstance(max_bits, int) or not 1 <= max_bits <= FORGET_RADIX:
-        raise ValueError(f"max forgotten bits must be an integer in [1, {FORGET_RADIX}] or None, got {max_bits!r}")
-    return 1.0 - 2.0 ** -max_bits
-
-
-def min_forget_numerator(max_bits: int | None) -> int:
-    """The smallest z* a gate limited to ``max_bits`` forgotten bits can take (1 without a limit)."""
-    forget_multiplier(max_bits)  # validates
-    return 1 if max_bits is None else FORGET_ONE >> max_bits
-
-
-def restrict_forget(gate: torch.Tensor, max_bits: int | None) -> torch.Tensor:
-    """Map a sigmoid output into [2^-k, 1] (differentiable, factor m)."""
-    m = forget_multiplier(max_bits)
+def restrict_forget(gate: torch.Tensor, limit: ForgetLimit) -> torch.Tensor:
+    """Map a sigmoid output into [2^-k, 1] (differentiable, factor ``limit.slope``)."""
+    m = limit.slope
     return gate if m == 1.0 else m * gate + (1.0 - m)
 
 
-def quantize_forget(z: torch.Tensor, max_bits: int | None) -> torch.Tensor:
-    """Integer numerators z* = round(z · 2^R_Z) (int64), clamped to the legal range for ``max_bits``.
+def quantize_forget(z: torch.Tensor, limit: ForgetLimit) -> torch.Tensor:
+    """Integer numerators z* = round(z · 2^R_Z) (int64), clamped to the legal range under ``limit``.
 
     The clamp matters only at the edges: without a limit z* = 0 would destroy the state, so it
     becomes 1 (at most R_Z bits forgotten); with a limit it absorbs float rounding below 2^-k.
     """
     zq = torch.round(z.detach() * FORGET_ONE).long()
-    return zq.clamp(min_forget_numerator(max_bits), FORGET_ONE)
+    return zq.clamp(limit.min_numerator, FORGET_ONE)
 
 
-def lossy_update(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, max_bits: int | None,
+def lossy_update(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, limit: ForgetLimit,
                  guard: OverflowGuard | None = None) -> torch.Tensor:
     """h ← z·h + u on rows where ``mask``, with the plain floor product and no buffer: where nothing
     will be reversed (inference). It differs from the buffered update only in the low bits the
     buffer would have refilled (< z* units of 2^-23)."""
-    zq = quantize_forget(z, max_bits)
+    zq = quantize_forget(z, limit)
     ui = to_fixed(u, guard=guard) * mask[:, None]  # a padded row adds 0 and is not multiplied
     product = torch.where(mask[:, None], (h.long() >> FORGET_RADIX) * zq, h.long())
     return checked_add(product, ui, guard)

@@ -9,16 +9,18 @@ the caller's loop computed). What stays on the host is the bookkeeping, the same
 and for :meth:`~buffers.InformationBuffer.push_update` itself: room on the stack, the flag each push
 writes, the widths that check that pops mirror pushes, the bits destroyed. That is this module:
 
-    plan = buf.plan_push((width_c, 0), (width_h, stored))  # updates in push order
-    kernel(..., *plan.tensors(), plan.flags[0], plan.flags[1], ...)
+    plan = buf.plan_push((width_c, 0), (width_h, stored), limit=limit)  # updates in push order
+    kernel(..., *plan.tensors(), plan.flags[0], plan.flags[1], ..., limit.min_numerator)
     plan.done(lost_c, lost_h)  # after the kernel: record the pushes (and raise eager errors)
 
-    plan = buf.plan_pop((width_c, 0), (width_h, stored))  # the same updates, in push order
+    plan = buf.plan_pop((width_c, 0), (width_h, stored), limit=limit)  # the same updates, in push order
     kernel(..., *plan.tensors(), plan.flags[0], plan.flags[1], ...)  # pops h first, then c
     plan.done()
 
 An update is ``(width, stored)``: a [batch, width] state slice whose first ``stored`` columns are
-kept exactly elsewhere and skip the buffer (see :meth:`~buffers.InformationBuffer.push_update`).
+kept exactly elsewhere and skip the buffer (see :meth:`~buffers.InformationBuffer.push_update`). The
+caller's gates obey a :class:`~buffers.fixed.ForgetLimit`, which must be the buffer's: the walk clamps
+the numerators to its ``min_numerator``, and the buffer sizes its stack by it.
 """
 
 from __future__ import annotations
@@ -42,11 +44,6 @@ class _Plan:
         """The word tensors a walk reads and writes in place: live words, stack, height, flags, error code."""
         w = self.words
         return w.curr, w.stack, w.top, w.flags, w.status
-
-    @property
-    def min_numerator(self) -> int:
-        """The smallest forget numerator the buffer takes: a walk clamps the quantized gates to it."""
-        return self.words.min_numerator
 
     def _flags_from(self, first: int) -> list[int]:
         flags = []

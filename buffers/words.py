@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from .fixed import FORGET_ONE, FORGET_RADIX, FixedPointOverflowError, min_forget_numerator
+from .fixed import FORGET_ONE, FORGET_RADIX, FixedPointOverflowError, ForgetLimit
 
 #: A live word at or above this value could exceed int64 in B·2^R_Z + r, so it is pushed first.
 WORD_LIMIT = 1 << (63 - FORGET_RADIX)
@@ -69,11 +69,11 @@ class WordStack:
     them large enough and the pops in mirror order. See the module docstring for the layout.
     """
 
-    def __init__(self, batch: int, units: int, device: torch.device, max_bits: int | None, share_rows: bool,
+    def __init__(self, batch: int, units: int, device: torch.device, limit: ForgetLimit, share_rows: bool,
                  eager_checks: bool) -> None:
         self.batch, self.units, self.device, self.eager_checks = batch, units, device, eager_checks
-        self.min_numerator = min_forget_numerator(max_bits)
-        bits_per_push = FORGET_RADIX if max_bits is None else max_bits
+        self.limit = limit  # numerators below limit.min_numerator are rejected
+        bits_per_push = FORGET_RADIX if limit.bits is None else limit.bits
         self._overflow_gap = math.ceil((63 - FORGET_RADIX) / bits_per_push)
 
         long = dict(dtype=torch.int64, device=device)
@@ -147,7 +147,7 @@ class WordStack:
             self.check()
             self._known_top, self._pushes_at_read = int(self.top), len(self._widths)
             # Keep free a share of the height, not a fixed number of words: the bound assumes every
-            # push forgets max_bits, so it outruns the true height, and a fixed margin would be used
+            # push forgets limit.bits, so it outruns the true height, and a fixed margin would be used
             # up every few steps. With half the height free the reads grow with log T, not with T.
             needed = (self._known_top + 1 + math.ceil(pushes / self._overflow_gap)
                       + max(_MIN_FREE_WORDS, self._known_top // 2))
@@ -195,7 +195,7 @@ class WordStack:
         code = int(self.status)
         if code != OK:
             self.status.zero_()
-            raise status_error(code, self.min_numerator)
+            raise status_error(code, self.limit.min_numerator)
 
     # ------------------------------------------------------------------ accounting
 

@@ -1,4 +1,4 @@
-"""Where the buffer's arithmetic runs: one seam, three interchangeable backends.
+"""Where the buffer's arithmetic runs: one seam, three interchangeable backends, and the one list of them.
 
 Every backend does the same integer arithmetic on the same :class:`~buffers.words.WordStack`
 tensors, bit for bit (the tests compare them), and differs only in how it is dispatched:
@@ -9,11 +9,15 @@ tensors, bit for bit (the tests compare them), and differs only in how it is dis
 - ``"triton"``: one Triton kernel per update (:mod:`.triton_kernels`). CUDA, or CPU tensors
   under ``TRITON_INTERPRET=1`` (how the tests run it without a GPU).
 
-``"auto"`` picks numba on CPU, and on CUDA triton where it is importable, else torch.
+``"auto"`` picks numba on CPU, and on CUDA triton where it is importable, else torch. :func:`resolve`
+turns a name and a device into the backend object a buffer takes; a caller that makes a buffer per
+batch resolves once and passes the object on. Backends hold no state: there is one object per backend.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import os
 
@@ -21,9 +25,20 @@ import torch
 
 from .base import BufferBackend
 
-BACKENDS = ("auto", "numba", "torch", "triton")
+#: Every backend: its name and the ``module:class`` that implements it, imported on first use (numba
+#: compiles, and triton is absent from CPU installs without the gpu extra).
+_IMPLEMENTATIONS = {
+    "numba": ".numba_loops:NumbaBackend",
+    "torch": ".tensor_ops:TorchBackend",
+    "triton": ".triton_kernels:TritonBackend",
+}
+#: The backends' names.
+NAMES: tuple[str, ...] = tuple(_IMPLEMENTATIONS)
+#: The names :func:`resolve` takes: ``"auto"`` and every backend's.
+CHOICES: tuple[str, ...] = ("auto", *NAMES)
 
-__all__ = ["BACKENDS", "BufferBackend", "create", "resolve", "triton_available", "triton_interpreted"]
+__all__ = ["CHOICES", "NAMES", "BufferBackend", "by_name", "check_name", "resolve", "triton_available",
+           "triton_interpreted"]
 
 
 def triton_available() -> bool:
@@ -36,38 +51,33 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def resolve(name: str, device: torch.device | str) -> str:
-    """The backend ``name`` stands for on ``device`` (``"auto"`` resolved), or ValueError if it cannot run there."""
-    device = torch.device(device)
-    if name not in BACKENDS:
-        raise ValueError(f"unknown buffer backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        if device.type == "cpu":
-            return "numba"
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
-    if name == "numba" and device.type != "cpu":
-        raise ValueError(f"the numba buffer backend runs on CPU only, not on {device}; use triton or torch")
-    if name == "triton":
-        if not triton_available():
-            raise ValueError("the triton buffer backend needs the triton package (pip install 'triton')")
-        if device.type != "cuda" and not (device.type == "cpu" and triton_interpreted()):
-            raise ValueError(f"the triton buffer backend runs on CUDA (or on CPU with TRITON_INTERPRET=1), "
-                             f"not on {device}")
+def check_name(name: str) -> str:
+    """``name`` if it is a backend's or ``"auto"``, else ValueError naming the choices."""
+    if name not in CHOICES:
+        raise ValueError(f"unknown buffer backend {name!r}; choose one of {', '.join(CHOICES)}")
     return name
 
 
-def create(name: str, device: torch.device | str) -> BufferBackend:
-    """The backend ``name`` (or ``"auto"``) for a buffer on ``device``."""
-    name = resolve(name, device)
-    # Imported on demand: numba compiles, and triton is absent from CPU installs without the gpu extra.
-    if name == "numba":
-        from .numba_loops import NumbaBackend
+@functools.cache
+def by_name(name: str) -> BufferBackend:
+    """The backend called ``name`` (not ``"auto"``), wherever it runs: its one object, made on first use."""
+    if name not in NAMES:
+        raise ValueError(f"unknown buffer backend {name!r}; choose one of {', '.join(NAMES)}")
+    if name == "triton" and not triton_available():
+        raise ValueError("the triton buffer backend needs the triton package (pip install 'triton')")
+    module, cls = _IMPLEMENTATIONS[name].split(":")
+    return getattr(importlib.import_module(module, __package__), cls)()
 
-        return NumbaBackend()
-    if name == "triton":
-        from .triton_kernels import TritonBackend
 
-        return TritonBackend()
-    from .tensor_ops import TorchBackend
-
-    return TorchBackend()
+def resolve(name: str, device: torch.device | str) -> BufferBackend:
+    """The backend ``name`` stands for on ``device`` (``"auto"`` chosen there), or ValueError if it cannot run
+    there."""
+    device = torch.device(device)
+    if check_name(name) == "auto":
+        if device.type == "cpu":
+            name = "numba"
+        else:
+            name = "triton" if device.type == "cuda" and triton_available() else "torch"
+    backend = by_name(name)
+    backend.check_device(device)
+    return backend

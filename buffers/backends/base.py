@@ -1,5 +1,5 @@
-"""What every buffer backend implements (:class:`BufferBackend`); the backends themselves are chosen in
-:mod:`buffers.backends`."""
+"""What every buffer backend implements (:class:`BufferBackend`); the backends themselves are listed and
+chosen in :mod:`buffers.backends`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ class BufferBackend(ABC):
     """
 
     name: ClassVar[str]
+
+    @abstractmethod
+    def check_device(self, device: torch.device) -> None:
+        """Raise ValueError unless this backend runs on ``device``."""
 
     @abstractmethod
     def push_mul(self, words: WordStack, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None,

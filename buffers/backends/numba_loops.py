@@ -274,6 +274,10 @@ class NumbaBackend(BufferBackend):
 
     name = "numba"
 
+    def check_device(self, device):
+        if device.type != "cpu":
+            raise ValueError(f"the numba buffer backend runs on CPU only, not on {device}; use triton or torch")
+
     def push_mul(self, words, h, zl, active, first_flag):
         out = torch.empty_like(h)
         lost = push_group(h.numpy(), zl.numpy(), _active_array(h, active), *word_arrays(words), first_flag, WORD_LIMIT,
@@ -289,14 +293,14 @@ class NumbaBackend(BufferBackend):
     def push_update(self, words, h, z, u, mask, stored, first_flag):
         out = torch.empty_like(h)
         status, lost = push_update(h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored,
-                                   *word_arrays(words), first_flag, WORD_LIMIT, words.min_numerator, out.numpy())
+                                   *word_arrays(words), first_flag, WORD_LIMIT, words.limit.min_numerator, out.numpy())
         words.record_code(status)
         return out, lost
 
     def pop_update(self, words, h, z, u, mask, stored, first_flag):
         out = torch.empty_like(h)
         words.record_code(pop_update(h.numpy(), z.detach().numpy(), u.detach().numpy(), mask.numpy(), stored,
-                                     *word_arrays(words), first_flag, words.min_numerator, out.numpy()))
+                                     *word_arrays(words), first_flag, words.limit.min_numerator, out.numpy()))
         return out
 
 

@@ -18,6 +18,9 @@ from .base import BufferBackend
 class TorchBackend(BufferBackend):
     name = "torch"
 
+    def check_device(self, device):
+        """Tensor ops run on any device."""
+
     def push_mul(self, words, h, zl, active, first_flag):
         hl = h.long()
         chunks = [self._push(words, hl[:, c], zl[:, c], None if active is None else active[:, c], first_flag + i)
@@ -108,7 +111,7 @@ def _chunks(words: WordStack, width: int) -> list[slice]:
 def _terms(words: WordStack, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The numerators round(z·2^R_Z), clamped to the buffer's range, and to_fixed(u) on live rows (0 on
     padding, and where it left the int32 range: that error is recorded, and not repeated by the sum)."""
-    zq = torch.round(z.detach() * FORGET_ONE).long().clamp(words.min_numerator, FORGET_ONE)
+    zq = torch.round(z.detach() * FORGET_ONE).long().clamp(words.limit.min_numerator, FORGET_ONE)
     ui, bad = round_fixed(u)
     words.record_error(bad, TERM_OVERFLOW)
     return zq, ui * (mask[:, None] & ~bad)

@@ -14,13 +14,13 @@ A walk is a single program that walks the update's chunks in order, as the numba
 overflow decision of a chunk is a reduction over the whole slab (all lane rows × lanes) and changes
 what the next chunk sees, so the chunks of one update cannot run in parallel. The live slab stays in
 ``words.curr`` and the program goes over it in tiles of at most ``_LANE_TILE`` lanes, twice a chunk
-(the reduction, then the update): one compiled kernel serves every batch size, where a slab held whole
-in registers compiled anew for every power of two and spilled once it was large (a 2,048-sentence
-batch, 32,768 lanes, took minutes to compile and seconds a step). The stored columns, which skip the
-buffer, take the plain floor product. The walk adds,
-and checks every int32 range, writing an error code to ``words.status`` instead of raising, so that
-nothing is read on the host per step. The stack height ``top`` stays on the device; the host sizes
-the stack from the proven bound (:mod:`buffers.words`). A kernel reads the height and starts its error code
+(the reduction, then the update). So one compiled kernel serves every batch size, and a large slab (a
+2,048-sentence batch has 32,768 lanes) costs more iterations, not more registers: a slab held whole in
+registers would need a kernel compiled for every power of two of lanes, and spill once it is large. The
+stored columns, which skip the buffer, take the plain floor product. The walk adds, and checks every
+int32 range, writing an error code to ``words.status`` instead of raising, so that nothing is read on
+the host per step. The stack height ``top`` stays on the device; the host sizes the stack from the
+proven bound (:mod:`buffers.words`). A kernel reads the height and starts its error code
 (:func:`open_slab`), runs its walks and stores them (:func:`close_slab`).
 
 The arithmetic is integer and exact, so it is the same on any device; the tests run these kernels
@@ -43,6 +43,7 @@ import triton.language as tl
 
 from .. import fixed
 from .. import words as wordstack
+from . import triton_interpreted
 from .base import BufferBackend
 
 # Kernels may read module globals only as constexprs.
@@ -416,6 +417,11 @@ class TritonBackend(BufferBackend):
 
     name = "triton"
 
+    def check_device(self, device):
+        if device.type != "cuda" and not (device.type == "cpu" and triton_interpreted()):
+            raise ValueError(f"the triton buffer backend runs on CUDA (or on CPU with TRITON_INTERPRET=1), "
+                             f"not on {device}")
+
     def push_mul(self, words, h, zl, active, first_flag):
         return self._push(words, h, zl, zl, _lanes_mask(h, active), 0, first_flag, gates=False)
 
@@ -434,16 +440,15 @@ class TritonBackend(BufferBackend):
     def _push(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _push_launch(h, z, u, mask, out, words.curr, words.stack, words.top,
-                 words.flags, words.status, lost, lost_table(h.device), stored, first_flag, words.min_numerator,
-                 gates)
+        _push_launch(h, z, u, mask, out, words.curr, words.stack, words.top, words.flags, words.status, lost,
+                     lost_table(h.device), stored, first_flag, words.limit.min_numerator, gates)
         return out, lost
 
     @staticmethod
     def _pop(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        _pop_launch(h, z, u, mask, out, words.curr, words.stack, words.top,
-                words.flags, words.status, stored, first_flag, words.min_numerator, gates)
+        _pop_launch(h, z, u, mask, out, words.curr, words.stack, words.top, words.flags, words.status, stored,
+                    first_flag, words.limit.min_numerator, gates)
         return out
 
 

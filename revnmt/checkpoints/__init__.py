@@ -1,14 +1,12 @@
-"""Checkpoints: the files a run writes (:mod:`.files`: written atomically, read only once checked), what makes two
+"""Checkpoints: what one holds, typed and versioned (:mod:`.record`: :class:`Checkpoint`, the one reader and writer
+of the format), the files a run writes (:mod:`.files`: written atomically, read only once checked), what makes two
 checkpoints compatible (:mod:`.compatibility`), and averaging several into one (:mod:`.averaging`)."""
 
 from revnmt.checkpoints.averaging import average_checkpoints
 from revnmt.checkpoints.files import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
-    RESUMING,
-    TRANSLATING,
     CheckpointError,
-    load_checkpoint,
     numbered_checkpoint_name,
     numbered_checkpoints,
     prune_numbered_checkpoints,
@@ -16,9 +14,9 @@ from revnmt.checkpoints.files import (
     rng_state,
     save_checkpoint,
     set_rng_state,
-    validate_checkpoint,
 )
+from revnmt.checkpoints.record import FORMAT, RESUMING, AveragedFrom, Checkpoint, TrainerState, TrainingState
 
-__all__ = ["BEST_CHECKPOINT", "LAST_CHECKPOINT", "RESUMING", "TRANSLATING", "CheckpointError", "average_checkpoints",
-           "load_checkpoint", "numbered_checkpoint_name", "numbered_checkpoints", "prune_numbered_checkpoints",
-           "resolve_checkpoint", "rng_state", "save_checkpoint", "set_rng_state", "validate_checkpoint"]
+__all__ = ["BEST_CHECKPOINT", "FORMAT", "LAST_CHECKPOINT", "RESUMING", "AveragedFrom", "Checkpoint", "CheckpointError",
+           "TrainerState", "TrainingState", "average_checkpoints", "numbered_checkpoint_name", "numbered_checkpoints",
+           "prune_numbered_checkpoints", "resolve_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
 
 import torch
 
 from revnmt.checkpoints.compatibility import architecture_differences, text_differences
-from revnmt.checkpoints.files import TRANSLATING, load_checkpoint
-
-# What a checkpoint holds about a training run's position: it belongs to one checkpoint, not to an average,
-# which is for translating, not for resuming.
-_TRAINING_POSITION = ("optimizer", "scheduler", "rng", "trainer")
+from revnmt.checkpoints.record import AveragedFrom, Checkpoint
 
 
-def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> Checkpoint:
     """A checkpoint whose model is the mean of the models of the checkpoint files ``paths``, with the last
-    one's options, vocabularies and tokenization, and ``averaged_from``: each input's name and step.
+    one's options, vocabularies and tokenization, and ``averaged_from``: each input's name and step. It has no
+    training state: it is for translating, not for resuming.
 
     Loads one checkpoint at a time. ValueError (naming both files) for checkpoints that cannot be averaged.
     """
@@ -37,21 +34,20 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
     for path in paths:
         # Weights (and vocabularies) are compared among the checkpoints, not with the model their options make:
         # averaged as they are, integer tensors included; translating refuses an average that fits no model.
-        state = load_checkpoint(path, needs=TRANSLATING, check_weights=False)
+        checkpoint = Checkpoint.load(path, check_weights=False)
         if first is None:
-            first = state
-        elif differences := text_differences(first, state) or architecture_differences(first, state):
+            first = checkpoint
+        elif differences := text_differences(first, checkpoint) or architecture_differences(first, checkpoint):
             raise ValueError(f"cannot average {paths[0]} and {path}: {'; '.join(differences)}")
-        for key, tensor in state["model"].items():
+        for key, tensor in checkpoint.weights.items():
             if not tensor.is_floating_point():
                 sums[key] = tensor
             elif key in sums:
                 sums[key] += tensor
             else:
                 sums[key] = tensor.double()
-        steps.append(state.get("trainer", {}).get("step"))
-    model = {key: (total / len(paths)).to(state["model"][key].dtype) if total.is_floating_point() else total
-             for key, total in sums.items()}
-    kept = {key: value for key, value in state.items() if key not in _TRAINING_POSITION}
-    return {**kept, "model": model,
-            "averaged_from": {"checkpoints": [os.fspath(path) for path in paths], "steps": steps}}
+        steps.append(checkpoint.step)
+    weights = {key: (total / len(paths)).to(checkpoint.weights[key].dtype) if total.is_floating_point() else total
+               for key, total in sums.items()}
+    return replace(checkpoint, weights=weights, training=None,
+                   averaged_from=AveragedFrom([os.fspath(path) for path in paths], steps))

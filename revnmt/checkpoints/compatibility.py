@@ -2,13 +2,13 @@
 vocabularies and the same tokenization (languages, casing, SentencePiece models). Averaging weights needs
 the same architecture as well, down to every weight's shape.
 
-Each function compares two checkpoint dicts (as :func:`revnmt.checkpoints.load_checkpoint` returns them)
-and lists their differences in words, for a message that names both files.
+Each function compares two checkpoints (:class:`revnmt.checkpoints.Checkpoint`) and lists their differences in
+words, for a message that names both files.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from revnmt.checkpoints.record import Checkpoint
 
 # Model options that change how a model trains or computes, not the function its weights define: the
 # runs of checkpoints that differ only in these may be averaged (a resumed run may change the first two).
@@ -18,11 +18,12 @@ _NOT_ARCHITECTURE = ("buffer_backend", "checkpoint_steps", "buffer_lanes", "deco
 _NOT_TOKENIZATION = ("max_len",)
 
 
-def text_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def text_differences(a: Checkpoint, b: Checkpoint) -> list[str]:
     """How two checkpoints differ in their vocabularies or tokenization (empty if they do not)."""
-    differences = [f"their {side} vocabularies differ ({_first_difference(a[key], b[key])})"
-                   for key, side in (("src_vocab", "source"), ("tgt_vocab", "target")) if a[key] != b[key]]
-    data_a, data_b = a["data"], b["data"]
+    differences = [f"their {side} vocabularies differ ({_first_difference(vocab_a, vocab_b)})"
+                   for side, vocab_a, vocab_b in (("source", a.src_vocab, b.src_vocab),
+                                                  ("target", a.tgt_vocab, b.tgt_vocab)) if vocab_a != vocab_b]
+    data_a, data_b = a.data.to_dict(), b.data.to_dict()
     for key in sorted((data_a.keys() | data_b.keys()) - set(_NOT_TOKENIZATION)):
         value_a, value_b = data_a.get(key), data_b.get(key)
         if value_a == value_b:
@@ -44,18 +45,18 @@ def _first_difference(a: list[str], b: list[str]) -> str:
     return f"entry {index} is {a[index]!r} and {b[index]!r}"
 
 
-def architecture_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def architecture_differences(a: Checkpoint, b: Checkpoint) -> list[str]:
     """How two checkpoints differ in their model's architecture (empty if they do not). The vocabularies'
     sizes are left to :func:`text_differences`; the weights' names and shapes are compared too, where the
     options agree, so that nothing an option does not show goes unseen."""
-    config_a, config_b = a["model_config"], b["model_config"]
+    config_a, config_b = a.model_config.to_dict(), b.model_config.to_dict()
     ignored = {*_NOT_ARCHITECTURE, "src_vocab", "tgt_vocab"}
     differences = [f"--{key.replace('_', '-')} {config_a.get(key)} and {config_b.get(key)}"
                    for key in sorted((config_a.keys() | config_b.keys()) - ignored)
                    if config_a.get(key) != config_b.get(key)]
     if differences:
         return differences
-    weights_a, weights_b = a["model"], b["model"]
+    weights_a, weights_b = a.weights, b.weights
     if weights_a.keys() != weights_b.keys():
         return [f"their weights differ in name ({', '.join(sorted(weights_a.keys() ^ weights_b.keys()))})"]
     return [f"{key} is {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}"

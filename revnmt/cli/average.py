@@ -12,17 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from revnmt.arguments import positive_int
 from revnmt.atomic import check_output, same_file
-from revnmt.checkpoints import (
-    TRANSLATING,
-    average_checkpoints,
-    numbered_checkpoints,
-    save_checkpoint,
-    validate_checkpoint,
-)
+from revnmt.checkpoints import average_checkpoints, numbered_checkpoints
 from revnmt.training.interrupts import exit_on_signals
-
-from .options import positive_int
 
 PROG = "revnmt-average"
 
@@ -83,16 +76,16 @@ def _average(args: argparse.Namespace) -> int:
         averaged = average_checkpoints(paths)
         # Never a checkpoint that revnmt-translate would refuse. Its weights, of the shapes the inputs share, and
         # its options are the last input's: a misfit is that file's (and every input's).
-        validate_checkpoint(averaged, paths[-1], TRANSLATING)
+        averaged.check_weights(paths[-1])
         try:
-            save_checkpoint(output, averaged)
+            averaged.save(output)
         except OSError as error:  # no space left, file too large, quota exceeded: the old file is kept
             raise type(error)(f"cannot write {args.output}: {error.strerror or error}") from error
     # Missing, corrupt or mismatched checkpoints and unwritable outputs are the user's to fix: one line.
     except (OSError, ValueError, RuntimeError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    steps = ", ".join(str(step) for step in averaged["averaged_from"]["steps"])
+    steps = ", ".join(str(step) for step in averaged.averaged_from.steps)
     print(f"{PROG}: averaged {len(paths)} checkpoints (steps {steps}) into {args.output}", file=sys.stderr)
     return 0
 

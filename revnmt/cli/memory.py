@@ -18,29 +18,28 @@ from pathlib import Path
 
 import torch
 
+from revnmt.arguments import (
+    add_data_options,
+    add_model_options,
+    check_device,
+    checked_model_configs,
+    data_config,
+    default_device,
+    model_config,
+)
 from revnmt.atomic import check_output, write_output_text
-from revnmt.checkpoints import TRANSLATING, load_checkpoint, resolve_checkpoint
-from revnmt.data import BatchSampler, DataConfig, DataOptions, TrainingData, load_data, make_batch
+from revnmt.checkpoints import Checkpoint, resolve_checkpoint
+from revnmt.data import BatchSampler, DataConfig, TrainingData, load_data, make_batch
 from revnmt.data.fingerprint import fingerprinted_prefixes
 from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
 from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model, model_from_checkpoint_state
+from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model
 from revnmt.profiling.speed import tokens_per_second
 from revnmt.training import RunConfig
+from revnmt.training.config import byte_size
 from revnmt.training.interrupts import exit_on_signals
-
-from .options import (
-    add_data_options,
-    add_model_options,
-    byte_size,
-    check_device,
-    checked_model_config,
-    data_config,
-    default_device,
-    model_config,
-)
 
 PROG = "revnmt-memory"
 logger = logging.getLogger("revnmt.memory")
@@ -70,7 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     check_device(parser, args.device)
     args.corpus_given = any(value is not None for value in (args.data, args.data_dir, args.train, args.valid))
     args.data_config = data_config(parser, args)
-    checked_model_config(parser, args, args.device)
+    _, args.execution = checked_model_configs(parser, args, args.device)
     return args
 
 
@@ -82,8 +81,8 @@ def _speed(model: Seq2Seq, checkpoint_steps: int | str, batches: list) -> dict[s
     with, side by side on ``batches``."""
     device = batches[0].src.device
     models = {}
-    for name, cfg in comparison_configs(model.cfg, checkpoint_steps).items():
-        models[name] = model if name == "reversible" else build_model(cfg).to(device)
+    for name, configs in comparison_configs(model.cfg, checkpoint_steps).items():
+        models[name] = model if name == "reversible" else build_model(*configs).to(device)
 
     def step(net: Seq2Seq):
         def train(batch) -> None:
@@ -99,8 +98,8 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData, 
     revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan."""
     device = torch.device(args.device)
     report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
-    for name, cfg in comparison_configs(model.cfg, checkpoint_steps).items():
-        candidate = model if name == "reversible" else build_model(cfg).to(device)
+    for name, configs in comparison_configs(model.cfg, checkpoint_steps).items():
+        candidate = model if name == "reversible" else build_model(*configs).to(device)
         plan = plan_budget(candidate, args.memory_budget, args.optimizer, data.train.lengths, device,
                            mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes())
         report["batch_tokens"][name] = plan.batch_tokens
@@ -117,21 +116,21 @@ def _prepared(config: DataConfig) -> Path | None:
     return Path(config.prepared) if config.prepared else None
 
 
-def _measured_corpora(state: dict, path: Path, args: argparse.Namespace) -> DataConfig:
+def _measured_corpora(checkpoint: Checkpoint, path: Path, args: argparse.Namespace) -> DataConfig:
     """The data a checkpoint's run is measured on: its own text options (which decide the ids, and so whether a
     folder of prepared ids serves) on the corpora the command names, or else on the run's own corpora with the ids
     it prepared (``--prepared``, else the run's folder): Multi30K as the run found it, or the files its data
     fingerprint names (absolute, so the command works from any folder)."""
-    run = RunConfig.from_checkpoint(state).data
+    run = RunConfig.from_checkpoint(checkpoint).data
     given = args.data_config
-    if args.corpus_given or not state.get("data_fingerprint"):  # checkpoints from before fingerprints name none
+    if args.corpus_given or not checkpoint.data_fingerprint:  # checkpoints from before fingerprints name none
         return replace(run, data=given.data, data_dir=given.data_dir, train=given.train, valid=given.valid,
                        test=None, prepared=given.prepared)
     folders = (run.prepared, str(path.parent / "data"))
     prepared = given.prepared or next((folder for folder in folders if folder and Path(folder).is_dir()), None)
     if run.train is None:
         return replace(run, test=None, prepared=prepared)
-    train, valid = fingerprinted_prefixes(state["data_fingerprint"], run.src)
+    train, valid = fingerprinted_prefixes(checkpoint.data_fingerprint, run.src)
     return replace(run, train=train, valid=valid, test=None, prepared=prepared)
 
 
@@ -151,18 +150,17 @@ def _measure(args: argparse.Namespace) -> int:
             check_output(args.json)  # before minutes of measuring
         if args.checkpoint is None:
             data = load_data(args.data_config, prepared=_prepared(args.data_config), write=False)
-            model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)))
+            model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)), args.execution)
         else:
             path = resolve_checkpoint(args.checkpoint)
-            state = load_checkpoint(path, needs=(*TRANSLATING, "args"))  # args: the run's options
-            corpora = _measured_corpora(state, path, args)
+            checkpoint = Checkpoint.load(path, needs=("args",))  # args: the run's options
+            corpora = _measured_corpora(checkpoint, path, args)
             # The checkpoint decides how text becomes ids: its options, SentencePiece models and vocabularies.
-            data = load_data(corpora, DataOptions.from_dict(state["data"], str(path)),
-                             (state["src_vocab"], state["tgt_vocab"]), prepared=_prepared(corpora), write=False)
-            # The buffer layout is a memory knob, not part of what was learned: --buffer-lanes applies,
-            # and so does --buffer-backend, which changes no result.
-            state["model_config"].update(buffer_lanes=args.buffer_lanes, buffer_backend=args.buffer_backend)
-            model = model_from_checkpoint_state(state)
+            data = load_data(corpora, checkpoint.data, (checkpoint.src_vocab, checkpoint.tgt_vocab),
+                             prepared=_prepared(corpora), write=False)
+            # How the model computes is not part of what it learned: this command's --buffer-lanes,
+            # --buffer-backend and --decoder-chunk-steps apply.
+            model = checkpoint.trained_model(args.execution)
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

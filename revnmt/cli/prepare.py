@@ -16,12 +16,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from revnmt.arguments import HelpFormatter, add_data_options, data_config
 from revnmt.data import DataConfig, load_data, prepared_options, text_options
 from revnmt.data.loading import input_files
 from revnmt.data.prepared import check_preparable
 from revnmt.training.interrupts import exit_on_signals
-
-from .options import HelpFormatter, add_data_options, data_config
 
 PROG = "revnmt-prepare"
 USAGE_ERROR = 2

@@ -18,12 +18,11 @@ import sys
 from collections.abc import Sequence
 
 from buffers import FixedPointOverflowError
+from revnmt.arguments import check_device, default_device, non_negative_float
 from revnmt.atomic import check_output, same_file, write_output_text
 from revnmt.data import decode_lines, decode_stream, read_lines
 from revnmt.training.interrupts import exit_on_signals
 from revnmt.translation import LENGTH_PENALTY_TYPES, LengthPenalty, Translator, evaluate
-
-from .options import check_device, default_device, non_negative_float
 
 PROG = "revnmt-translate"
 logger = logging.getLogger("revnmt.translate")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from revnmt.options import RUN_DEFINING, RUN_TIME, check_options, option, positive
+
 from .batching import EncodedDataset
 from .corpus import ParallelCorpus, load_parallel, read_pairs
 from .encoding import WordRule, encode_corpus
@@ -29,6 +31,8 @@ from .subword import (
 )
 from .tokenization import Detokenizer, SentenceDetokenizer, SentenceTokenizer, Tokenizer
 from .vocab import SPECIALS, Vocabulary
+
+SUBWORDS = "subwords (SentencePiece)"  # the --help section of the subword options
 
 logger = logging.getLogger(__name__)
 
@@ -101,31 +105,57 @@ class DataConfig:
     ``spm_model`` names ready models (one path for both languages, or the source's and the target's).
     """
 
-    data: str | None = None
-    data_dir: str | None = None
-    train: str | None = None
-    valid: str | None = None
-    test: str | None = None
-    src: str = "en"
-    tgt: str = "de"
-    lowercase: bool = False
-    max_len: int = 50  # training pairs with more tokens (words or pieces) on a side are dropped
-    min_freq: int = 2  # word vocabulary
-    max_vocab: int | None = None  # word vocabulary
-    train_limit: int | None = None  # train on the first N pairs only
-    subword: str = "none"
-    vocab_size: int = DEFAULT_VOCAB_SIZE  # pieces per trained SentencePiece model, specials included
-    joint_vocab: bool = True
-    spm_model: tuple[str, ...] = ()
-    prepared: str | None = None  # folder of prepared ids (revnmt.data.prepared); revnmt-train: SAVE_DIR/data
+    data: str | None = option(None, choices=("multi30k",), role=RUN_TIME,
+                              help="a known data set (the default without --train)")
+    data_dir: str | None = option(None, role=RUN_TIME,
+                                  help="folder holding Multi30K (default: searched for, else downloaded)")
+    train: str | None = option(None, metavar="PREFIX", role=RUN_TIME,
+                               help="training corpus PREFIX.SRC / PREFIX.TGT (plain or .gz)")
+    valid: str | None = option(None, metavar="PREFIX", role=RUN_TIME,
+                               help="dev corpus, for loss, BLEU and early stopping")
+    test: str | None = option(None, metavar="PREFIX", role=RUN_TIME,
+                              help="test corpus translated with best.pt after training (Multi30K: test2016 by default)")
+    src: str = option("en", role=RUN_DEFINING, help="source language (file suffix and Moses rules)")
+    tgt: str = option("de", role=RUN_DEFINING, help="target language")
+    lowercase: bool = option(False, flag="optional", unset_default=True, role=RUN_DEFINING,
+                             help="lowercase the text, and so the output (default: on for Multi30K, off otherwise)")
+    max_len: int = option(50, check=positive, role=RUN_DEFINING,
+                          help="drop training pairs with more tokens (pieces with subwords) on a side; translation "
+                          "truncates longer inputs")
+    min_freq: int = option(2, check=positive, role=RUN_DEFINING, help="word vocabulary: minimum token count")
+    max_vocab: int | None = option(None, type=int, check=positive, role=RUN_DEFINING,
+                                   help="word vocabulary: most frequent tokens kept (no limit)")
+    train_limit: int | None = option(None, type=int, check=positive, metavar="N", role=RUN_DEFINING,
+                                     help="train on the first N pairs only")
+    subword: str = option("none", choices=("none", *SUBWORD_TYPES), unset_default=True, role=RUN_DEFINING,
+                          group=SUBWORDS,
+                          help="split raw text into the pieces of a SentencePiece model of this type, trained on the "
+                          "training corpus before training starts and kept in the run (default: none, Moses-tokenized "
+                          "words, the paper's setup)")
+    vocab_size: int = option(DEFAULT_VOCAB_SIZE, check=positive, unset_default=True, role=RUN_DEFINING,
+                             group=SUBWORDS,
+                             help=f"--subword: pieces per model, specials and 256 byte pieces included (default: "
+                             f"{DEFAULT_VOCAB_SIZE})")
+    joint_vocab: bool = option(True, flag="optional", unset_default=True, role=RUN_DEFINING, group=SUBWORDS,
+                               help="--subword: one model for both languages (default), or one per language")
+    spm_model: tuple[str, ...] = option((), nargs="+", type=str, metavar="PATH", unset_default=True, role=RUN_DEFINING,
+                                        group=SUBWORDS,
+                                        help="use trained SentencePiece models instead of --subword: one PATH for "
+                                        "both languages, or two, the source's and the target's")
+    prepared: str | None = option(None, metavar="DIR", role=RUN_TIME,
+                                  help="the corpora's token ids, prepared once and read memory-mapped: reused while "
+                                  "the corpora and the text options are the same, prepared anew otherwise "
+                                  "(revnmt-train: default SAVE_DIR/data; revnmt-memory reads it if it serves, else "
+                                  "encodes in memory)")
 
     def __post_init__(self) -> None:
-        if self.subword not in ("none", *SUBWORD_TYPES):
-            raise ValueError(f"subword must be none, {' or '.join(SUBWORD_TYPES)}, got {self.subword!r}")
+        object.__setattr__(self, "spm_model", tuple(self.spm_model))  # a list from the command line or JSON
+        check_options(self)
         if len(self.spm_model) > 2:
-            raise ValueError(f"give one SentencePiece model for both languages, or two: got {len(self.spm_model)}")
+            raise ValueError(f"--spm-model takes one model for both languages, or two (source, target): got "
+                             f"{len(self.spm_model)}")
         if self.spm_model and self.subword != "none":
-            raise ValueError("either train a SentencePiece model (subword) or use one (spm_model), not both")
+            raise ValueError("either train a SentencePiece model (--subword) or use one (--spm-model), not both")
 
     def resolved(self) -> DataConfig:
         """The same config with Multi30K's file prefixes filled in (locating or downloading it); an

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from revnmt.data import Batch
-from revnmt.model import ModelConfig, ReversibleSeq2Seq, Seq2Seq, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, ReversibleSeq2Seq, Seq2Seq, build_model
 
 from .saved import SavedTensorMeter
 
@@ -111,13 +111,15 @@ def ordinary_counterpart(cfg: ModelConfig) -> ModelConfig:
     return replace(cfg, rnn=cfg.rnn.removeprefix("rev"), attention="hidden")
 
 
-def comparison_configs(cfg: ModelConfig, checkpoint_steps: int | str) -> dict[str, ModelConfig]:
-    """The models a report compares with the reversible model of ``cfg``, by name: the ordinary model
-    (``hidden`` attention), the ordinary model with the same attention (which separates what the
-    attention saves from what reversal saves), and that model checkpointed every ``checkpoint_steps``."""
+def comparison_configs(cfg: ModelConfig, checkpoint_steps: int | str) -> dict[str, tuple[ModelConfig, ExecutionConfig]]:
+    """The models a report compares with the reversible model of ``cfg``, by name, as what :func:`build_model`
+    takes: the ordinary model (``hidden`` attention), the ordinary model with the same attention (which separates
+    what the attention saves from what reversal saves), and that model checkpointed every ``checkpoint_steps``."""
     same_attention = replace(cfg, rnn=cfg.rnn.removeprefix("rev"))
-    return {"reversible": cfg, "ordinary": ordinary_counterpart(cfg), "ordinary_same_attention": same_attention,
-            "checkpointed": replace(same_attention, checkpoint_steps=checkpoint_steps)}
+    run = ExecutionConfig()
+    return {"reversible": (cfg, run), "ordinary": (ordinary_counterpart(cfg), run),
+            "ordinary_same_attention": (same_attention, run),
+            "checkpointed": (same_attention, ExecutionConfig(checkpoint_steps=checkpoint_steps))}
 
 
 def per_token_memory(model: Seq2Seq, batches: list[Batch]) -> tuple[float, float, int | None]:
@@ -140,7 +142,7 @@ def best_checkpoint_steps(cfg: ModelConfig,
     candidate's :func:`per_token_memory`, by ``str(steps)``."""
     measured = {}
     for steps in CHECKPOINT_CANDIDATES:
-        model = build_model(comparison_configs(cfg, steps)["checkpointed"]).to(batches[0].src.device)
+        model = build_model(*comparison_configs(cfg, steps)["checkpointed"]).to(batches[0].src.device)
         measured[str(steps)] = per_token_memory(model, batches)
     best = min(measured, key=lambda k: measured[k][0] + measured[k][1])
     return (best if best == "auto" else int(best)), measured
@@ -152,11 +154,11 @@ def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
     device = batches[0].src.device
     steps, candidates = best_checkpoint_steps(model.cfg, batches)
     saved, held, peaks = {}, {}, {}
-    for name, cfg in comparison_configs(model.cfg, steps).items():
+    for name, configs in comparison_configs(model.cfg, steps).items():
         if name == "checkpointed":  # measured already, as the best candidate
             saved[name], held[name], peaks[name] = candidates[str(steps)]
             continue
-        m = model if name == "reversible" else build_model(cfg).to(device)
+        m = model if name == "reversible" else build_model(*configs).to(device)
         saved[name], held[name], peaks[name] = per_token_memory(m, batches)
     cuda = device.type == "cuda"
     return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),

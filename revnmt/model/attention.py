@@ -52,7 +52,7 @@ class _AttendInto(torch.autograd.Function):
 
     Autograd would make the memory's gradient of every call a new [N, S, M] tensor, the sum of two more (one per
     product with the memory), and then add it to the memory's accumulated gradient: over a large batch those
-    temporaries, three memories' worth, were the largest part of a reversible training step's peak
+    temporaries, three memories' worth, would be the largest part of a reversible training step's peak
     (docs/memory.md). Here they are a block of rows. The values are the same bits: every product is the one
     autograd computes, rows are independent, and the sums are taken in the same order.
     """

@@ -1,10 +1,13 @@
-"""Model options, validated once, shared by train.py, translate.py and the memory report."""
+"""Model options, declared once (:mod:`revnmt.options`) and checked when built; shared by the commands that build
+models."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 
 from buffers import MAX_FORGET_CHOICES
+from revnmt.options import RUN_DEFINING, RUN_TIME, check_options, option, positive, probability_below_one
 from revnmt.rnn import backends
 
 RNN_TYPES = ("revgru", "revlstm", "gru", "lstm")
@@ -12,37 +15,75 @@ ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
 ENCODER_TYPES = ("unidirectional", "bidirectional")
 
 
+def forget_bits(text: str) -> int | None:
+    """Command-line type of ``--max-forget-bits``: a number, or ``none``."""
+    return None if text.lower() == "none" else int(text)
+
+
+def checkpoint_steps(text: str) -> int | str:
+    """Command-line type of ``--checkpoint-steps``: a number of steps, or ``auto``."""
+    try:
+        return text if text == "auto" else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of steps or auto, got {text}") from None
+
+
+def _forget_limit(bits: int | None) -> str | None:
+    return None if bits in MAX_FORGET_CHOICES else "one of 1, 2, 3, 5 or none"
+
+
+def _steps_or_auto(steps: int | str) -> str | None:
+    return None if steps == "auto" or (isinstance(steps, int) and steps >= 1) else "a positive number of steps or auto"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of an attention encoder-decoder (the options of ``revnmt-train --help``)."""
+    """Architecture of an attention encoder-decoder (the options of ``revnmt-train --help``), checked when built."""
 
-    rnn: str = "revgru"
-    emb_dim: int = 300
-    hidden_size: int = 300
-    layers: int = 1
-    # bidirectional: a second encoder stack reads the source backwards; attention stores both directions' units
-    # and the decoder starts from a learned projection of both final states (revnmt.model.bridge)
-    encoder: str = "unidirectional"
-    tie_embeddings: bool = False  # the output layer's weights are the target embeddings (needs emb_dim == hidden_size)
-    share_embeddings: bool = False  # source and target embeddings are one matrix (needs a joint vocabulary)
-    dropout: float = 0.4
-    # The training loss's target: (1 − ε)·one-hot + ε/V uniform over the target vocabulary (0: plain
-    # cross-entropy). Reported losses are the unsmoothed negative log-likelihood.
-    label_smoothing: float = 0.0
-    attention: str = "emb+slice"
-    slice_dim: int = 20
-    max_forget_bits: int | None = 3
-    buffer_lanes: int | None = None  # None: the backend's default (revnmt.rnn.backends)
-    buffer_backend: str = "auto"  # where the buffer's arithmetic runs (revnmt.rnn.backends); same results
-    # Ordinary RNNs only: recompute the recurrent layers in backward from checkpoints every K steps
-    # (an int, or "auto": ⌈√T⌉ per batch); None keeps every step for backward.
-    checkpoint_steps: int | str | None = None
-    # Reversible RNNs only: decoder steps undone before their attention and loss run in one call. More is
-    # faster and holds more per sentence (docs/performance.md#the-decoders-reverse-sweep-by-chunks); part of
-    # what a run computes.
-    decoder_chunk_steps: int = 2
-    src_vocab: int = 0
+    rnn: str = option("revgru", choices=RNN_TYPES, role=RUN_DEFINING, help="reversible or ordinary cells")
+    emb_dim: int = option(300, check=positive, role=RUN_DEFINING, help="word embedding size")
+    hidden_size: int = option(300, check=positive, role=RUN_DEFINING, help="RNN units per layer")
+    layers: int = option(1, check=positive, role=RUN_DEFINING, help="encoder and decoder layers")
+    encoder: str = option("unidirectional", choices=ENCODER_TYPES, role=RUN_DEFINING,
+                          help="bidirectional: a second encoder stack reads the source backwards (reversible too, "
+                          "with a buffer of its own); attention keeps both directions' units, and the decoder starts "
+                          "from a learned projection of both final states (revnmt.model.bridge)")
+    tie_embeddings: bool = option(False, flag="store_true", role=RUN_DEFINING,
+                                  help="the output layer's weights are the target embeddings (needs --emb-dim = "
+                                  "--hidden-size)")
+    share_embeddings: bool = option(False, flag="store_true", role=RUN_DEFINING,
+                                    help="one embedding matrix for source and target (needs --subword with "
+                                    "--joint-vocab)")
+    dropout: float = option(0.4, check=probability_below_one, role=RUN_DEFINING, help="locked dropout probability")
+    label_smoothing: float = option(0.0, check=probability_below_one, metavar="EPS", role=RUN_DEFINING,
+                                    help="train against a target distribution of 1 - EPS on the reference token and "
+                                    "EPS spread evenly over the target vocabulary (losses and perplexities are still "
+                                    "reported unsmoothed). 0.1 is the usual value; 0 is plain cross-entropy")
+    attention: str = option("emb+slice", choices=ATTENTION_TYPES, role=RUN_DEFINING,
+                            help="attention memory: full encoder states, source embeddings, stored slices, or both")
+    slice_dim: int = option(20, role=RUN_DEFINING, help="encoder units per source position kept for slice attention")
+    max_forget_bits: int | None = option(3, type=forget_bits, check=_forget_limit, metavar="{1,2,3,5,none}",
+                                         role=RUN_DEFINING, help="bits a reversible unit may forget per step")
+    src_vocab: int = 0  # known from the data, not options
     tgt_vocab: int = 0
+
+    def __post_init__(self) -> None:
+        """Raise ValueError with a clear message for any inconsistent option."""
+        check_options(self)
+        if self.src_vocab < 5 or self.tgt_vocab < 5:
+            raise ValueError("vocabularies must be set (at least the 4 specials and one token)")
+        if self.tie_embeddings and self.emb_dim != self.hidden_size:
+            raise ValueError(f"--tie-embeddings shares the target embeddings with the output layer, whose inputs have "
+                             f"--hidden-size units: --emb-dim must equal it, got {self.emb_dim} and {self.hidden_size}")
+        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(f"--share-embeddings needs one vocabulary for both languages (--joint-vocab), got "
+                             f"{self.src_vocab} source and {self.tgt_vocab} target tokens")
+        if self.reversible and self.hidden_size % 2:
+            raise ValueError(f"reversible RNNs split the state in halves: --hidden-size must be even, "
+                             f"got {self.hidden_size}")
+        if self.attention in ("slice", "emb+slice") and not 1 <= self.slice_dim <= self.hidden_size // 2:
+            raise ValueError(f"--slice-dim must be in [1, hidden_size/2 = {self.hidden_size // 2}] for "
+                             f"{self.attention!r} attention, got {self.slice_dim}")
 
     @property
     def reversible(self) -> bool:
@@ -79,48 +120,42 @@ class ModelConfig:
         """Feature size of the attention memory."""
         return (self.emb_dim if "emb" in self.attention else 0) + self.stored_units
 
-    def validate(self) -> ModelConfig:
-        """Raise ValueError with a clear message for any inconsistent option; return self."""
-        if self.rnn not in RNN_TYPES:
-            raise ValueError(f"unknown --rnn {self.rnn!r}; choose one of {', '.join(RNN_TYPES)}")
-        if self.attention not in ATTENTION_TYPES:
-            raise ValueError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTION_TYPES)}")
-        if self.encoder not in ENCODER_TYPES:
-            raise ValueError(f"unknown --encoder {self.encoder!r}; choose one of {', '.join(ENCODER_TYPES)}")
-        if self.tie_embeddings and self.emb_dim != self.hidden_size:
-            raise ValueError(f"--tie-embeddings shares the target embeddings with the output layer, whose inputs have "
-                             f"--hidden-size units: --emb-dim must equal it, got {self.emb_dim} and {self.hidden_size}")
-        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
-            raise ValueError(f"--share-embeddings needs one vocabulary for both languages (--joint-vocab), got "
-                             f"{self.src_vocab} source and {self.tgt_vocab} target tokens")
-        if self.max_forget_bits not in MAX_FORGET_CHOICES:
-            raise ValueError(f"--max-forget-bits must be one of 1, 2, 3, 5 or none, got {self.max_forget_bits!r}")
-        for name in ("emb_dim", "hidden_size", "layers", "buffer_lanes", "decoder_chunk_steps"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.reversible and self.hidden_size % 2:
-            raise ValueError(f"reversible RNNs split the state in halves: --hidden-size must be even, "
-                             f"got {self.hidden_size}")
-        if self.attention in ("slice", "emb+slice"):
-            if not 1 <= self.slice_dim <= self.hidden_size // 2:
-                raise ValueError(f"--slice-dim must be in [1, hidden_size/2 = {self.hidden_size // 2}] for "
-                                 f"{self.attention!r} attention, got {self.slice_dim}")
-        backends.check_name(self.buffer_backend)
-        if self.checkpoint_steps is not None:
-            if self.reversible:
-                raise ValueError("--checkpoint-steps is for ordinary RNNs (gru, lstm): reversible ones keep no "
-                                 "states to checkpoint")
-            if self.checkpoint_steps != "auto" and not (isinstance(self.checkpoint_steps, int)
-                                                        and self.checkpoint_steps >= 1):
-                raise ValueError(f"--checkpoint-steps must be a positive number of steps or auto, "
-                                 f"got {self.checkpoint_steps!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.src_vocab < 5 or self.tgt_vocab < 5:
-            raise ValueError("vocabularies must be set (at least the 4 specials and one token)")
-        return self
-
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How a model computes, not what its weights mean: where the information buffer's arithmetic runs and how
+    its lanes are laid out, how many decoder steps the reverse sweep undoes at once, and whether an ordinary
+    RNN recomputes its states in backward. Memory and speed depend on it; a checkpoint's weights do not, so it
+    is no part of :class:`ModelConfig` (the layout, which moves the low bits of a run, is run-defining)."""
+
+    buffer_lanes: int | None = option(None, type=int, check=positive, role=RUN_DEFINING,
+                                      help="information-buffer lanes per sentence, shared by the batch (reversible "
+                                      "RNNs; default: " + ", ".join(f"{b.lanes} with {b.name}"
+                                                                    for b in backends.BACKENDS.values()) + ")")
+    buffer_backend: str = option("auto", choices=backends.CHOICES, role=RUN_TIME,
+                                 help="where the information buffer's arithmetic runs (reversible RNNs): compiled CPU "
+                                 "loops (numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, "
+                                 "any device; slow); auto: numba on CPU, triton on CUDA. All give the same results "
+                                 "bit for bit")
+    checkpoint_steps: int | str | None = option(None, type=checkpoint_steps, check=_steps_or_auto,
+                                                metavar="{K,auto}", role=RUN_TIME,
+                                                help="ordinary RNNs (gru, lstm): gradient checkpointing, keeping the "
+                                                "state every K steps for backward and recomputing the steps between "
+                                                "(auto: K = ceil(sqrt(T)) per batch); default: none")
+    decoder_chunk_steps: int = option(2, check=positive, role=RUN_DEFINING,
+                                      help="reversible RNNs: decoder steps undone before their attention and loss "
+                                      "are backpropagated in one batched call; more is faster and holds more memory "
+                                      "per sentence")
+
+    def check_for(self, model: ModelConfig) -> ExecutionConfig:
+        """Raise ValueError if this does not apply to ``model``'s family; return self."""
+        if self.checkpoint_steps is not None and model.reversible:
+            raise ValueError("--checkpoint-steps is for ordinary RNNs (gru, lstm): reversible ones keep no "
+                             "states to checkpoint")
+        return self
+
+    def __post_init__(self) -> None:
+        check_options(self)

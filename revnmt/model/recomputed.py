@@ -22,13 +22,14 @@ from .seq2seq import StepResult
 
 
 class RecomputedSeq2Seq(OrdinarySeq2Seq):
-    """An :class:`OrdinarySeq2Seq` whose recurrent layers are checkpointed every ``cfg.checkpoint_steps``."""
+    """An :class:`OrdinarySeq2Seq` whose recurrent layers are checkpointed every ``execution.checkpoint_steps``."""
 
     encoder: RecomputedRNN | BidirectionalRNN
     decoder: RecomputedRNN
 
     def make_rnn(self, cfg: ModelConfig) -> RecomputedRNN:
-        return RecomputedRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout, cfg.checkpoint_steps)
+        return RecomputedRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
+                             self.execution.checkpoint_steps)
 
     def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                    normalizer: float) -> StepResult:

@@ -6,7 +6,7 @@ A training step keeps no per-step activations of either RNN:
    final state; there is no input feeding, so attention never enters the recurrence);
 2. the attention memory (source embeddings and/or the encoder's stored slices) is built once per
    batch and used as a detached leaf whose gradient accumulates over decoder steps;
-3. the decoder's reverse sweep goes a chunk of ``cfg.decoder_chunk_steps`` steps at a time: it undoes
+3. the decoder's reverse sweep goes a chunk of ``execution.decoder_chunk_steps`` steps at a time: it undoes
    the chunk's steps, computes attention, logits and loss of their outputs in one batched call
    (logits never exist for the whole batch at once) and backpropagates them;
 4. the memory's gradient flows once into the embeddings and the stored slices, and the encoder is
@@ -71,13 +71,15 @@ class ReversibleSeq2Seq(Seq2Seq):
     decoder: ReversibleRNN
 
     def make_rnns(self, cfg: ModelConfig) -> tuple[ReversibleRNN | BidirectionalReversibleRNN, ReversibleRNN]:
+        run = self.execution
+
         def make(slice_dim: int, **chunk) -> ReversibleRNN:
             return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
-                                 cfg.max_forget_bits, slice_dim, cfg.buffer_lanes, cfg.buffer_backend, **chunk)
+                                 cfg.max_forget_bits, slice_dim, run.buffer_lanes, run.buffer_backend, **chunk)
         # only the encoder stores units of its top layer for attention
         k = cfg.stored_per_direction
         encoder = BidirectionalReversibleRNN(make(k), make(k)) if cfg.bidirectional else make(k)
-        return encoder, make(0, chunk_steps=cfg.decoder_chunk_steps)
+        return encoder, make(0, chunk_steps=run.decoder_chunk_steps)
 
     def draw_rnn_dropout(self, batch: int, device: torch.device) -> tuple[list, list]:
         return self.encoder.draw_dropout(batch, device), self.decoder.draw_dropout(batch, device)

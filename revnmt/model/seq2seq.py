@@ -34,7 +34,7 @@ from revnmt.data.vocab import BOS, PAD
 
 from .attention import GeneralAttention
 from .bridge import Bridge
-from .config import ModelConfig
+from .config import ExecutionConfig, ModelConfig
 from .loss import LossSums, linear_cross_entropy, logit_work_bytes
 
 LOSS_CHUNK_STEPS = 8  # decoder steps whose logits exist at once in training by autograd and validation
@@ -101,9 +101,9 @@ class Seq2Seq(nn.Module, ABC):
     first), ``tgt_out`` [B, T] (EOS last, then padding).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, execution: ExecutionConfig | None = None) -> None:
         super().__init__()
-        self.cfg = cfg.validate()
+        self.cfg, self.execution = cfg, (execution or ExecutionConfig()).check_for(cfg)
         # The order of construction is the order of the parameters: it fixes the state_dict's keys'
         # order and which random numbers initialise which weight.
         self.src_emb = nn.Embedding(cfg.src_vocab, cfg.emb_dim, padding_idx=PAD)

@@ -1,10 +1,13 @@
-"""Where a reversible layer runs: the registry of backends, the one place a backend is chosen.
+"""Where a reversible layer runs: its backend, chosen once per device.
 
 A backend is everything that depends on where the buffer's arithmetic runs: the buffer's operations
-(:mod:`buffers.backends`: numba loops, torch ops or Triton kernels, bit-identical words), the cells'
-fused half-steps (:mod:`revnmt.rnn.kernels`; none for torch, whose steps are the cells' reference),
-and the defaults tuned for it. :func:`resolve` turns a name (``"auto"`` included) and a device into
-a :class:`Backend` once, when a layer first runs on the device; the sweeps pass that object down.
+(a :class:`buffers.backends.BufferBackend`: numba loops, torch ops or Triton kernels, bit-identical words),
+the cells' fused half-steps (:mod:`revnmt.rnn.kernels`; none for torch, whose steps are the cells' reference),
+and the defaults tuned for it. The backends, their names and how a name (``"auto"`` included) is resolved on
+a device are :mod:`buffers.backends`' (:func:`resolve`, :data:`CHOICES` and :func:`check_name` are re-exported
+here); this module adds to each what a layer needs. :func:`on_device` turns a name and a device into a
+:class:`Backend` once, when a layer first runs on the device; the sweeps pass that object down, and its
+buffers take its operations as they are, so nothing is looked up per batch.
 """
 
 from __future__ import annotations
@@ -17,18 +20,18 @@ from types import MappingProxyType
 
 import torch
 
-from buffers import InformationBuffer, backends
+from buffers import ForgetLimit, InformationBuffer, backends
+from buffers.backends import CHOICES, BufferBackend, check_name, resolve
 
 from .kernels import StepKernels
 
-#: The names ``--buffer-backend`` takes: ``"auto"`` (numba on CPU; triton on CUDA where importable, else
-#: torch) and every registered backend.
-CHOICES: tuple[str, ...] = backends.BACKENDS
+__all__ = ["BACKENDS", "CHOICES", "Backend", "check_name", "on_device", "resolve"]
 
 
 @dataclass(frozen=True)
 class Backend:
-    """A registered backend (see the module docstring); one object per name, compared by identity."""
+    """A buffer backend with what a layer adds to it (see the module docstring); one object per backend,
+    compared by identity."""
 
     name: str
     #: Buffer lanes per batch row when a layer asks for none. The numba loops walk any lane count in one
@@ -52,22 +55,28 @@ class Backend:
         module, attribute = self.kernels.split(":")
         return getattr(importlib.import_module(module, __package__), attribute)
 
-    def new_buffer(self, batch: int, lanes: int, device: torch.device, max_bits: int | None) -> InformationBuffer:
+    @functools.cached_property
+    def buffer(self) -> BufferBackend:
+        """The buffer's operations (made on first use: :func:`on_device` has checked the device)."""
+        return backends.by_name(self.name)
+
+    def new_buffer(self, batch: int, lanes: int, device: torch.device, limit: ForgetLimit) -> InformationBuffer:
         """An information buffer of this backend whose rows share ``lanes`` lanes each (see ``ReversibleRNN``)."""
-        return InformationBuffer(batch, lanes, device, max_bits, backend=self.name, share_rows=True)
+        return InformationBuffer(batch, lanes, device, limit, backend=self.buffer, share_rows=True)
 
     def __reduce__(self):
         return _registered, (self.name,)  # pickled by name: one object per backend in every process
 
 
-_REGISTRY = {backend.name: backend for backend in (
-    Backend("numba", lanes=3, weight_grad_steps=1, kernels=".kernels.numba_steps:NUMBA_STEPS"),
-    Backend("torch", lanes=16, weight_grad_steps=4, kernels=None),
-    Backend("triton", lanes=16, weight_grad_steps=4, kernels=".kernels.triton_steps:TRITON_STEPS"),
-)}
+# What a layer adds to each backend of buffers.backends.NAMES, the one list of them.
+_ADDED = {
+    "numba": dict(lanes=3, weight_grad_steps=1, kernels=".kernels.numba_steps:NUMBA_STEPS"),
+    "torch": dict(lanes=16, weight_grad_steps=4, kernels=None),
+    "triton": dict(lanes=16, weight_grad_steps=4, kernels=".kernels.triton_steps:TRITON_STEPS"),
+}
+_REGISTRY = {name: Backend(name, **_ADDED[name]) for name in backends.NAMES}
 
-
-#: The registered backends by name (read-only).
+#: Every backend by name (read-only).
 BACKENDS: Mapping[str, Backend] = MappingProxyType(_REGISTRY)
 
 
@@ -75,16 +84,7 @@ def _registered(name: str) -> Backend:
     return _REGISTRY[name]
 
 
-def check_name(name: str) -> str:
-    """``name`` if it is a backend or ``"auto"``, else ValueError naming the choices."""
-    if name not in CHOICES:
-        raise ValueError(f"unknown buffer backend {name!r}; choose one of {', '.join(CHOICES)}")
-    return name
-
-
-def resolve(name: str, device: torch.device | str) -> Backend:
+def on_device(name: str, device: torch.device | str) -> Backend:
     """The backend ``name`` stands for on ``device`` (``"auto"`` chosen there), or ValueError if it cannot run
-    there (:func:`buffers.backends.resolve` checks the device)."""
-    return _REGISTRY[backends.resolve(check_name(name), device)]
-
-
+    there (:func:`buffers.backends.resolve` checks)."""
+    return _REGISTRY[backends.resolve(name, device).name]

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from buffers import BufferError, FixedPointOverflowError, InformationBuffer, OverflowGuard, to_float
+from buffers import BufferError, FixedPointOverflowError, ForgetLimit, InformationBuffer, OverflowGuard, to_float
 
 from . import backends
 from .backends import Backend
@@ -70,7 +70,8 @@ class ReversibleRNN(nn.Module):
         cell: ``"revgru"`` or ``"revlstm"``.
         input_size, hidden_size, num_layers: sizes (hidden size even: the state is split in halves).
         dropout: locked dropout between layers (one mask per batch, reused when reversing).
-        max_forget_bits: at most this many bits forgotten per unit per step (1, 2, 3, 5 or None).
+        max_forget_bits: at most this many bits forgotten per unit per step (1, 2, 3, 5 or None): the
+            :class:`~buffers.ForgetLimit` (``limit``) that the cells, the buffers and the kernels share.
         slice_dim: store the first ``slice_dim`` units of the top layer's output at every step,
             exactly, as attention memory (0: none).
         buffer_lanes: lanes per batch row of the information buffer, shared by all rows. The
@@ -100,12 +101,13 @@ class ReversibleRNN(nn.Module):
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be positive, got {chunk_steps}")
         backends.check_name(buffer_backend)
+        self.limit = ForgetLimit(max_forget_bits)
         self.cells: nn.ModuleList = nn.ModuleList(
-            REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, max_forget_bits)
+            REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, self.limit)
             for layer in range(num_layers)
         )
         self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
-        self.max_forget_bits, self.slice_dim, self.buffer_lanes = max_forget_bits, slice_dim, buffer_lanes
+        self.slice_dim, self.buffer_lanes = slice_dim, buffer_lanes
         self.buffer_backend, self.chunk_steps = buffer_backend, chunk_steps
         self._backends: dict[torch.device, Backend] = {}
 
@@ -118,7 +120,7 @@ class ReversibleRNN(nn.Module):
         """The backend this stack runs with on ``device``: ``buffer_backend`` resolved there, once."""
         device = torch.device(device)
         if device not in self._backends:
-            self._backends[device] = backends.resolve(self.buffer_backend, device)
+            self._backends[device] = backends.on_device(self.buffer_backend, device)
         return self._backends[device]
 
     def lanes_on(self, device: torch.device) -> int:
@@ -160,7 +162,7 @@ class ReversibleRNN(nn.Module):
         """
         half = self.cells[0].half
         lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
-        buffer = self.backend_on(device).new_buffer(batch, lanes, device, self.max_forget_bits)
+        buffer = self.backend_on(device).new_buffer(batch, lanes, device, self.limit)
         groups = sum(2 * cell.groups_per_half for cell in self.cells)  # buffered updates per step
         buffer.reserve_pushes(steps * groups * len(buffer.words.update_widths(half, 0)))
         return buffer

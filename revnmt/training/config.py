@@ -7,60 +7,132 @@ The model and the data have their own configs (:class:`revnmt.model.ModelConfig`
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+import argparse
+from dataclasses import MISSING, dataclass, fields, replace
 
+from revnmt.checkpoints import Checkpoint
 from revnmt.data import DataConfig
-from revnmt.model import ModelConfig
+from revnmt.memory.sizes import parse_bytes
+from revnmt.model import ExecutionConfig, ModelConfig
+from revnmt.options import (
+    CHANGEABLE,
+    RUN_DEFINING,
+    RUN_TIME,
+    check_options,
+    declared,
+    flag_of,
+    non_negative,
+    non_negative_number,
+    option,
+    options_with_role,
+    positive,
+    positive_number,
+    share,
+    strictly_between_0_and_1,
+)
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LR = {"adam": 1e-3, "sgd": 1.0}
+OPTIMIZATION, RUN = "optimization", "run"  # the --help sections of the training options
 
-# Resuming a run sorts its options into three classes (documented in docs/reliability.md and --help):
-#
-# Options that fix what a run trains, on what data, in which order and with which update rule: resuming
-# with other values would silently continue a different run, so resuming refuses it.
-RUN_DEFINING = ("src", "tgt", "lowercase", "max_len", "min_freq", "max_vocab", "train_limit", "subword", "vocab_size",
-                "joint_vocab", "spm_model", "batch_size", "batch_tokens", "memory_budget", "seed", "rnn", "attention",
-                "slice_dim", "max_forget_bits", "emb_dim", "hidden_size", "layers", "dropout", "buffer_lanes",
-                "label_smoothing", "optimizer", "encoder", "tie_embeddings", "share_embeddings")
-# Options a resumed run may change: applied from the resumed step on, and logged.
-CHANGEABLE_ON_RESUME = ("lr", "clip", "lr_decay", "lr_patience", "min_lr", "epochs", "max_steps", "patience",
-                        "valid_beam", "test_beam", "log_every", "save_every", "max_reversal_fallbacks",
-                        "max_nonfinite", "keep_checkpoints")
-# Everything else concerns where and how one command runs (device, devices, hogwild, buffer_backend, the
-# corpora's paths, whose contents the data fingerprint checks): changed freely, not logged.
+
+def byte_size(text: str) -> int:
+    """Command-line type of sizes such as 2GiB."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def device_ids(text: str) -> tuple[int, ...]:
+    """Command-line type of GPU numbers separated by commas."""
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be GPU numbers separated by commas, e.g. 0,1, got {text}") from None
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"GPU numbers must be >= 0, got {text}")
+    return ids
 
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Optimization, batching, stopping, logging and parallelism of a run (defaults: the paper's
-    Multi30K setup, with Adam)."""
+    """Optimization, batching, stopping, logging and parallelism of a run (defaults: the paper's Multi30K setup,
+    with Adam), checked when built. Unset, ``lr`` is the optimizer's default and ``batch_size``
+    :data:`DEFAULT_BATCH_SIZE` unless ``batch_tokens`` or ``memory_budget`` chooses the batch."""
 
-    save_dir: str
-    device: str = "cpu"
-    seed: int = 1  # initialisation, dropout and batch order
-    optimizer: str = "adam"  # "adam" or "sgd"
-    lr: float = DEFAULT_LR["adam"]
-    clip: float = 5.0  # gradient-norm clipping (0: none)
-    lr_decay: float = 0.5  # LR factor when the dev loss stops improving
-    lr_patience: int = 0  # epochs without dev-loss improvement before the LR decays
-    min_lr: float = 1e-5  # stop once the LR decays below this
-    epochs: int = 30
-    max_steps: int | None = None
-    batch_size: int | None = DEFAULT_BATCH_SIZE  # sentences per batch
-    batch_tokens: int | None = None  # padded tokens per batch (instead of, or as well as, batch_size)
-    memory_budget: int | None = None  # bytes of peak memory; a plan then replaces batch_size/batch_tokens
-    patience: int = 5  # epochs without dev-BLEU improvement before stopping
-    valid_beam: int = 1
-    test_beam: int = 5
-    log_every: int = 100
-    save_every: int | None = None  # also save last.pt every N steps
-    keep_checkpoints: int = 0  # numbered checkpoints of the latest validations kept (step-<step>.pt)
-    hogwild: int | None = None  # worker processes updating shared weights without locks
-    restart_epoch: bool = False  # resume on changed corpora: train the current epoch again from its start
-    max_reversal_fallbacks: float = 0.01  # share of updates that may be trained by backpropagation, reversal failing
-    max_nonfinite: int = 10  # updates skipped in a row (non-finite loss or gradients) that stop the run
-    devices: tuple[int, ...] | None = None  # GPUs of the Hogwild workers (round-robin)
+    save_dir: str = option(group=RUN, role=RUN_TIME, help="checkpoints, vocabularies, logs")
+    device: str = option("cpu", group=RUN, role=RUN_TIME, help="cpu, cuda, cuda:N")
+    seed: int = option(1, group=RUN, role=RUN_DEFINING, help="initialisation, dropout and batch order")
+    optimizer: str = option("adam", choices=tuple(sorted(DEFAULT_LR)), role=RUN_DEFINING, help="update rule")
+    lr: float | None = option(None, type=float, check=positive_number, role=CHANGEABLE,
+                              help="learning rate (default: 1e-3 for adam, 1.0 for sgd)")
+    clip: float = option(5.0, check=non_negative_number, role=CHANGEABLE, help="gradient-norm clipping (0: none)")
+    lr_decay: float = option(0.5, check=strictly_between_0_and_1, role=CHANGEABLE,
+                             help="LR factor when the dev loss stops improving")
+    lr_patience: int = option(0, check=non_negative, role=CHANGEABLE,
+                              help="epochs without dev-loss improvement before the LR decays")
+    min_lr: float = option(1e-5, check=non_negative_number, role=CHANGEABLE,
+                           help="stop once the LR decays below this")
+    epochs: int = option(30, check=positive, role=CHANGEABLE, help="passes over the training data")
+    max_steps: int | None = option(None, type=int, check=positive, role=CHANGEABLE,
+                                   help="stop after this many updates (no limit)")
+    batch_size: int | None = option(None, type=int, check=positive, role=RUN_DEFINING,
+                                    help=f"sentences per batch (default: {DEFAULT_BATCH_SIZE} unless --batch-tokens "
+                                    "is given)")
+    batch_tokens: int | None = option(None, type=int, check=positive, role=RUN_DEFINING,
+                                      help="padded tokens per batch")
+    memory_budget: int | None = option(None, type=byte_size, check=positive, metavar="SIZE", role=RUN_DEFINING,
+                                       help="e.g. 2GiB: the peak memory training may reach, measured as the "
+                                       "process's resident memory (RSS) on CPU and as the CUDA allocator's reserved "
+                                       "memory on a GPU; the largest token batch whose step fits is chosen (instead "
+                                       "of --batch-size/--batch-tokens), and checked every step")
+    patience: int = option(5, check=positive, role=CHANGEABLE,
+                           help="epochs without dev-BLEU improvement before stopping")
+    valid_beam: int = option(1, check=positive, group=RUN, role=CHANGEABLE, help="beam for dev BLEU (1: greedy)")
+    test_beam: int = option(5, check=positive, group=RUN, role=CHANGEABLE, help="beam for the test set")
+    log_every: int = option(100, check=positive, group=RUN, role=CHANGEABLE, help="steps between log lines")
+    save_every: int | None = option(None, type=int, check=positive, group=RUN, role=CHANGEABLE,
+                                    help="also save last.pt every N steps")
+    keep_checkpoints: int = option(0, check=non_negative, metavar="N", group=RUN, role=CHANGEABLE,
+                                   help="also keep the checkpoints of the last N validations, as "
+                                   "SAVE_DIR/step-<step>.pt (the step zero-padded to 8 digits, so that the names "
+                                   "sort), for revnmt-average and ensembles; 0: none")
+    restart_epoch: bool = option(False, flag="store_true", group=RUN, role=RUN_TIME,
+                                 help="resume although the training or dev corpora changed: keep the weights, "
+                                 "optimizer and counters, and train the saved epoch again from its first batch "
+                                 "(unchanged corpora resume at the saved position)")
+    max_reversal_fallbacks: float = option(0.01, check=share, metavar="SHARE", group=RUN, role=CHANGEABLE,
+                                           help="a batch whose reversal fails its exactness check is trained by "
+                                           "backpropagation instead; stop once more than this share of the updates "
+                                           "(and two at least) needed it")
+    max_nonfinite: int = option(10, check=positive, metavar="N", group=RUN, role=CHANGEABLE,
+                                help="an update whose loss or gradients are not finite (NaN, inf; or whose "
+                                "fixed-point state overflows) is skipped; stop after N in a row, keeping the last "
+                                "checkpoint")
+    hogwild: int | None = option(None, type=int, check=positive, metavar="N", group=RUN, role=RUN_TIME,
+                                 help="train with N worker processes that update shared weights without locks "
+                                 "(Hogwild!); checkpoints at epoch ends, at --max-steps and on Ctrl-C")
+    devices: tuple[int, ...] | None = option(None, type=device_ids, metavar="0,1,...", group=RUN, role=RUN_TIME,
+                                             help="with --hogwild: the GPUs the workers run on, round-robin (default: "
+                                             "every GPU with --device cuda)")
+
+    def __post_init__(self) -> None:
+        if self.lr is None:
+            object.__setattr__(self, "lr", DEFAULT_LR.get(self.optimizer))
+        if self.batch_size is None and self.batch_tokens is None and self.memory_budget is None:
+            object.__setattr__(self, "batch_size", DEFAULT_BATCH_SIZE)
+        if self.devices is not None:
+            object.__setattr__(self, "devices", tuple(self.devices))  # a list in JSON
+        check_options(self)
+        if self.memory_budget is not None and (self.batch_size or self.batch_tokens):
+            raise ValueError("--memory-budget chooses the batch: leave out --batch-size and --batch-tokens")
+        if self.lr < self.min_lr:
+            raise ValueError(f"--lr {self.lr:g} is below --min-lr {self.min_lr:g}: training would stop at once")
+        if self.devices is not None and not self.hogwild:
+            raise ValueError("--devices chooses the GPUs of --hogwild workers: give --hogwild N too")
+        if self.hogwild and self.save_every:
+            raise ValueError("--save-every cannot be used with --hogwild: Hogwild runs save at epoch ends only")
 
     @property
     def eval_batch_size(self) -> int:
@@ -68,53 +140,59 @@ class TrainingConfig:
         return self.batch_size or DEFAULT_BATCH_SIZE
 
 
+_CONFIGS = (DataConfig, ModelConfig, ExecutionConfig, TrainingConfig)  # the options of a run, by kind
+#: The options that fix a run (resuming with other values is refused) and those a resumed run may change
+#: (applied and logged); the rest are each command's own (:class:`revnmt.options.Role`).
+RUN_DEFINING_OPTIONS = options_with_role(RUN_DEFINING, *_CONFIGS)
+CHANGEABLE_ON_RESUME = options_with_role(CHANGEABLE, *_CONFIGS)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines a training run."""
+    """Everything that defines a training run: its data, its model, how the model computes, and how it trains."""
 
     data: DataConfig
     model: ModelConfig
     training: TrainingConfig
+    execution: ExecutionConfig = ExecutionConfig()
+
+    def __post_init__(self) -> None:
+        self.execution.check_for(self.model)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: dict) -> RunConfig:
-        """The run a checkpoint was saved by (its ``"args"`` and ``"model_config"``)."""
-        options = dict(checkpoint["args"])
-        for key in ("devices", "spm_model"):  # lists in JSON and checkpoints, tuples in the frozen configs
-            if options.get(key) is not None:
-                options[key] = tuple(options[key])
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> RunConfig:
+        """The run a checkpoint was saved by (its ``args`` and ``model_config``); an option its ``args`` lack
+        came after it was saved, and takes its default."""
+        options = checkpoint.args
 
         def pick(kind: type) -> object:
             return kind(**{f.name: options[f.name] for f in fields(kind) if f.name in options})
 
-        return cls(pick(DataConfig), ModelConfig(**checkpoint["model_config"]), pick(TrainingConfig))
+        return cls(pick(DataConfig), checkpoint.model_config, pick(TrainingConfig), pick(ExecutionConfig))
 
     def with_vocab_sizes(self, src_vocab: int, tgt_vocab: int) -> RunConfig:
         """The same run with the model's vocabulary sizes, known once the data is read."""
-        return replace(self, model=replace(self.model, src_vocab=src_vocab, tgt_vocab=tgt_vocab).validate())
+        return replace(self, model=replace(self.model, src_vocab=src_vocab, tgt_vocab=tgt_vocab))
 
     def options(self) -> dict:
         """Every option by its command-line name (``max_len`` for ``--max-len``), in one flat dict: what
         ``config.json`` and a checkpoint's ``"args"`` hold, and what resuming compares."""
-        model = {f.name: getattr(self.model, f.name) for f in fields(self.model)
-                 if f.name not in ("src_vocab", "tgt_vocab")}  # known from the data, not options
-        data, training = asdict(self.data), asdict(self.training)
-        data["spm_model"] = list(data["spm_model"])
-        if training["devices"] is not None:
-            training["devices"] = list(training["devices"])
-        return {**data, **model, **training}
+        configs = (self.data, self.model, self.execution, self.training)
+        return {f.name: _plain(getattr(config, f.name)) for config in configs for f, _ in declared(type(config))}
 
-    def changes_from(self, saved: dict, names: tuple[str, ...] = RUN_DEFINING) -> list[str]:
+    def changes_from(self, saved: dict, names: tuple[str, ...] = RUN_DEFINING_OPTIONS) -> list[str]:
         """The options of ``names`` (default: the run-defining ones) whose values differ from a checkpoint's
         ``"args"``, as ``--name saved -> current``. An option the checkpoint lacks came after it was saved:
         its run had the option's default (as :meth:`from_checkpoint` takes it)."""
         current, saved = self.options(), {**_option_defaults(), **saved}
-        return [f"--{key.replace('_', '-')} {saved.get(key)} -> {current[key]}"
-                for key in names if saved.get(key) != current[key]]
+        return [f"{flag_of(key)} {saved.get(key)} -> {current[key]}" for key in names if saved.get(key) != current[key]]
+
+
+def _plain(value: object) -> object:
+    """An option's value as JSON holds it: tuples as lists."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _option_defaults() -> dict:
     """Every option's default, as :meth:`RunConfig.options` writes it."""
-    defaults = {f.name: f.default for kind in (DataConfig, ModelConfig, TrainingConfig) for f in fields(kind)
-                if f.default is not MISSING}
-    return {name: list(value) if isinstance(value, tuple) else value for name, value in defaults.items()}
+    return {f.name: _plain(f.default) for kind in _CONFIGS for f, _ in declared(kind) if f.default is not MISSING}

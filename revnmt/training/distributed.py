@@ -32,6 +32,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from revnmt.checkpoints import TrainerState
 from revnmt.data import Batch, TrainingData
 from revnmt.memory.budget import BudgetPlan
 from revnmt.model import Seq2Seq
@@ -39,7 +40,7 @@ from revnmt.model import Seq2Seq
 from .config import RunConfig
 from .progress import StepReporter
 from .schedule import current_lr
-from .trainer import Trainer, TrainerState, clip_and_step, compute_gradients, derived_seed
+from .trainer import Trainer, clip_and_step, compute_gradients, derived_seed
 
 logger = logging.getLogger(__name__)
 

@@ -148,7 +148,7 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
     device = torch.device(setup.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    private = type(shared)(shared.cfg).to(device).train()  # the shared model's class, its own weights
+    private = type(shared)(shared.cfg, shared.execution).to(device).train()  # the shared model's class, its own weights
     optimizer = build_optimizer(setup.config, shared.parameters())
     results.put(("ready", setup.rank))
     while (command := _next_command(commands)) is not None:

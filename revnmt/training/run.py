@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from revnmt.atomic import atomic_write_bytes, atomic_write_text
-from revnmt.checkpoints import LAST_CHECKPOINT, RESUMING, load_checkpoint
+from revnmt.checkpoints import LAST_CHECKPOINT, RESUMING, Checkpoint
 from revnmt.data import DataOptions, TrainingData, load_data, prepared_options, text_options
 from revnmt.data.fingerprint import fingerprint_changes
 from revnmt.data.loading import input_files
@@ -73,8 +73,7 @@ def run(config: RunConfig, job: Job) -> str:
                                     or text_options(config.data))
             vocabs = None
         else:  # resuming: the checkpoint's SentencePiece models and vocabularies, never trained again
-            options = DataOptions.from_dict(checkpoint["data"], str(save_dir / LAST_CHECKPOINT))
-            vocabs = (checkpoint["src_vocab"], checkpoint["tgt_vocab"])
+            options, vocabs = checkpoint.data, (checkpoint.src_vocab, checkpoint.tgt_vocab)
         if job.distributed:  # rank 0 prepares; the others read what it wrote (or, on a disk of their own, encode)
             job.from_main(lambda: load_data(config.data, options, vocabs, fingerprint, prepared) and None)
         data = load_data(config.data, options, vocabs, fingerprint, prepared, write=job.is_main)
@@ -89,7 +88,7 @@ def run(config: RunConfig, job: Job) -> str:
         raise RunError("--share-embeddings needs one vocabulary for both languages: train with --subword and "
                        "--joint-vocab, or leave --share-embeddings out")
     config = config.with_vocab_sizes(len(data.src_vocab), len(data.tgt_vocab))
-    model = build_model(config.model).to(cfg.device)
+    model = build_model(config.model, config.execution).to(cfg.device)
     plan = None
     if cfg.memory_budget is not None:
         try:
@@ -103,7 +102,7 @@ def run(config: RunConfig, job: Job) -> str:
             trainer.restore(checkpoint, restart_epoch=data_changed)
         except ValueError as error:
             raise RunError(str(error)) from error
-        except (KeyError, TypeError) as error:  # its optimizer, scheduler or trainer state is not what this run keeps
+        except (KeyError, TypeError) as error:  # its optimizer or scheduler state is not what this run keeps
             raise RunError(f"{save_dir / LAST_CHECKPOINT}: not a training state this run can resume ({error!r})"
                            ) from error
         logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
@@ -152,7 +151,7 @@ def _make_trainer(config: RunConfig, data: TrainingData, model: Seq2Seq, plan: B
     return Trainer(config, data, model, plan)
 
 
-def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tuple[dict | None, bool]:
+def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tuple[Checkpoint | None, bool]:
     """``last.pt`` of the run's directory if there is one, and whether its corpora changed since (their
     ``fingerprint`` now against the saved one); ValueError if it was trained with other fixed options or on other
     data (unless ``--restart-epoch``). Changed options that may change are logged."""
@@ -160,12 +159,12 @@ def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tu
     path = save_dir / LAST_CHECKPOINT
     if not path.is_file():
         return None, False
-    checkpoint = load_checkpoint(path, needs=RESUMING)
-    refused = config.changes_from(checkpoint["args"])
+    checkpoint = Checkpoint.load(path, needs=RESUMING)
+    refused = config.changes_from(checkpoint.args)
     if refused:
         raise ValueError(f"{save_dir} holds a run trained with other fixed options ({', '.join(refused)}): run "
                          f"it with the options it was started with to resume it, or choose another --save-dir")
-    saved = checkpoint.get("data_fingerprint")  # checkpoints from before fingerprints have none: not checked
+    saved = checkpoint.data_fingerprint  # checkpoints from before fingerprints have none: not checked
     changed_data = fingerprint_changes(saved, fingerprint) if saved else []
     if changed_data and not config.training.restart_epoch:
         raise ValueError(f"the corpora of {save_dir} changed since it was saved ({'; '.join(changed_data)}): resume "
@@ -173,20 +172,21 @@ def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tu
                          f"saved epoch, or choose another --save-dir")
     if changed_data:
         logger.warning("the corpora changed (%s): --restart-epoch trains epoch %d again from its first batch",
-                       "; ".join(changed_data), checkpoint["trainer"]["epoch"])
-    for change in config.changes_from(checkpoint["args"], CHANGEABLE_ON_RESUME):
+                       "; ".join(changed_data), checkpoint.training.trainer.epoch)
+    for change in config.changes_from(checkpoint.args, CHANGEABLE_ON_RESUME):
         logger.info("changed on resume: %s", change)
     return checkpoint, bool(changed_data)
 
 
-def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkpoint: dict | None) -> BudgetPlan:
+def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkpoint: Checkpoint | None
+                 ) -> BudgetPlan:
     """The batch that fits ``--memory-budget``.
 
     A resumed run keeps the plan it started with: re-measuring a trained model could choose
     another batch, and the run would no longer repeat an uninterrupted one.
     """
-    if checkpoint is not None and checkpoint.get("memory_plan"):
-        plan = BudgetPlan.from_dict(checkpoint["memory_plan"])
+    if checkpoint is not None and checkpoint.memory_plan:
+        plan = BudgetPlan.from_dict(checkpoint.memory_plan)
     else:
         capacity = PeakMeter(cfg.device).capacity()
         if capacity is not None and cfg.memory_budget > capacity:

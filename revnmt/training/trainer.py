@@ -19,9 +19,8 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,10 +30,12 @@ from revnmt.atomic import atomic_write_text, open_for_appending
 from revnmt.checkpoints import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
+    Checkpoint,
+    TrainerState,
+    TrainingState,
     numbered_checkpoint_name,
     prune_numbered_checkpoints,
     rng_state,
-    save_checkpoint,
     set_rng_state,
 )
 from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
@@ -157,29 +158,6 @@ def clip_and_step(optimizer: torch.optim.Optimizer, clip: float, loss: torch.Ten
 EPOCH_END, MAX_STEPS = "end of epoch", "max steps"  # where a validation is due (TrainerState.validation_due)
 
 
-@dataclass
-class TrainerState:
-    """Where a run stands; saved in checkpoints as ``"trainer"``."""
-
-    epoch: int = 1  # the epoch in progress, from 1
-    batch_in_epoch: int = 0  # batches of ``sampler.batches(epoch)`` already trained on
-    step: int = 0  # updates so far, skipped ones included
-    best_bleu: float = -1.0  # of all validations (best.pt); below any score, so the first one counts
-    best_step: int = 0
-    # --patience compares end-of-epoch dev BLEU with the best end-of-epoch dev BLEU only, so that a
-    # validation at a --max-steps stop does not change when a resumed run stops.
-    epoch_best_bleu: float = -1.0
-    bad_epochs: int = 0
-    elapsed_s: float = 0.0  # training and validation time over all sessions
-    train_tokens: int = 0  # target tokens of this process's updates, for throughput
-    train_s: float = 0.0  # time in this process's update loop alone (no validation), over all sessions
-    reversal_fallbacks: int = 0  # batches trained by backpropagation because reversal failed
-    nonfinite_in_a_row: int = 0  # the last updates, skipped for a non-finite loss or gradients (or an overflow)
-    # The validation the position calls for and a signal interrupted, done first by a resumed run: EPOCH_END or
-    # MAX_STEPS (a --max-steps stop inside an epoch); None when none is due.
-    validation_due: str | None = None
-
-
 @dataclass(frozen=True)
 class Validation:
     loss: float  # per target token
@@ -220,47 +198,41 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint(self) -> dict[str, Any]:
-        """Everything needed to translate with the model or to resume the run (weights_only-loadable)."""
+    def checkpoint(self) -> Checkpoint:
+        """Everything needed to translate with the model or to resume the run."""
         self.state.elapsed_s = self.elapsed()
-        return {
-            "model_config": self.model.cfg.to_dict(),
-            "model": self.model.state_dict(),
-            "src_vocab": self.data.src_vocab.itos,
-            "tgt_vocab": self.data.tgt_vocab.itos,
-            "data": self.data.options.to_dict(),
-            "data_fingerprint": self.data.fingerprint,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "trainer": asdict(self.state),
-            "rng": rng_state(),
-            "args": self.config.options(),
-            "memory_plan": None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()},
-        }
+        training = TrainingState(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+                                 trainer=replace(self.state), rng=rng_state())  # a copy: the run goes on
+        return Checkpoint(
+            model_config=self.model.cfg, weights=self.model.state_dict(), src_vocab=self.data.src_vocab.itos,
+            tgt_vocab=self.data.tgt_vocab.itos, data=self.data.options, args=self.config.options(), training=training,
+            data_fingerprint=self.data.fingerprint,
+            memory_plan=None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()})
 
-    def restore(self, checkpoint: dict[str, Any], restart_epoch: bool = False) -> None:
-        """Continue the run saved in ``checkpoint`` (its model options must be this model's).
+    def restore(self, checkpoint: Checkpoint, restart_epoch: bool = False) -> None:
+        """Continue the run saved in ``checkpoint``, loaded with its training state (its model options must be
+        this model's).
 
         The options that may change on resume (:data:`revnmt.training.config.CHANGEABLE_ON_RESUME`) take
         this run's values: a new ``--lr`` replaces the (possibly decayed) rate, new ``--lr-decay`` /
         ``--lr-patience`` the schedule's. ``restart_epoch`` trains the current epoch again from its first
         batch (the data changed, so the saved position means nothing).
         """
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.scheduler.load_state_dict(checkpoint["scheduler"])
-        saved, cfg = checkpoint["args"], self.config.training
-        if saved.get("lr") != cfg.lr:
+        training, cfg = checkpoint.training, self.config.training
+        self.model.load_state_dict(checkpoint.weights)
+        self.optimizer.load_state_dict(training.optimizer)
+        self.scheduler.load_state_dict(training.scheduler)
+        if checkpoint.args.get("lr") != cfg.lr:
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr
         self.scheduler.factor, self.scheduler.patience = cfg.lr_decay, cfg.lr_patience
-        self.state = TrainerState(**checkpoint["trainer"])
+        self.state = replace(training.trainer)  # a copy: the checkpoint's stays as it was saved
         if restart_epoch:
             self.state.batch_in_epoch = 0
         self._check_position()
         self.saved_step = self.state.step
         self._elapsed_before = self.state.elapsed_s
-        set_rng_state(checkpoint["rng"])  # last: building the model above drew from the generators
+        set_rng_state(training.rng)  # last: building the model above drew from the generators
 
     def _check_position(self) -> None:
         """A saved position must lie inside its epoch: past its end, training would never reach the
@@ -276,13 +248,13 @@ class Trainer:
         ``--keep-checkpoints N``, also the step's numbered checkpoint; only once it is written are the
         numbered ones beyond the newest N deleted."""
         checkpoint = self.checkpoint()
-        save_checkpoint(self.save_dir / LAST_CHECKPOINT, checkpoint)
+        checkpoint.save(self.save_dir / LAST_CHECKPOINT)
         self.saved_step = self.state.step
         if best:
-            save_checkpoint(self.save_dir / BEST_CHECKPOINT, checkpoint)
+            checkpoint.save(self.save_dir / BEST_CHECKPOINT)
         keep = self.config.training.keep_checkpoints
         if numbered and keep:
-            save_checkpoint(self.save_dir / numbered_checkpoint_name(self.state.step), checkpoint)
+            checkpoint.save(self.save_dir / numbered_checkpoint_name(self.state.step))
             prune_numbered_checkpoints(self.save_dir, keep)
 
     def elapsed(self) -> float:

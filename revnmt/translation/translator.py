@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from queue import Empty, Queue
 from typing import TypeVar
 
@@ -15,9 +15,10 @@ import torch
 from tqdm import tqdm
 
 from revnmt.checkpoints.compatibility import text_differences
-from revnmt.checkpoints.files import TRANSLATING, load_checkpoint, resolve_checkpoint
+from revnmt.checkpoints.files import resolve_checkpoint
+from revnmt.checkpoints.record import Checkpoint
 from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Vocabulary, sorted_batches
-from revnmt.model import Seq2Seq, model_from_checkpoint_state
+from revnmt.model import Seq2Seq
 from revnmt.translation.ensemble import Ensemble
 from revnmt.translation.length_penalty import AVERAGE, LengthPenalty
 from revnmt.translation.search import beam_search, greedy
@@ -55,19 +56,19 @@ class Translator:
         files otherwise); the first one's data options apply (its input length limit included)."""
         if not paths_or_dirs:
             raise ValueError("no checkpoint given")
-        models, paths, text = [], [], {}  # text: the first checkpoint's vocabularies and data options
+        models, paths, first = [], [], None
         for path_or_dir in paths_or_dirs:
             paths.append(resolve_checkpoint(path_or_dir))
-            state = load_checkpoint(paths[-1], map_location="cpu", needs=TRANSLATING)
-            if not text:
-                text = {key: state[key] for key in ("src_vocab", "tgt_vocab", "data")}
-            elif differences := text_differences(text, state):
+            checkpoint = Checkpoint.load(paths[-1], map_location="cpu")
+            if first is None:  # its vocabularies and data options: its weights go into its model
+                first = replace(checkpoint, weights={}, training=None)
+            elif differences := text_differences(first, checkpoint):
                 raise ValueError(f"cannot ensemble {paths[0]} and {paths[-1]}: {'; '.join(differences)}")
-            models.append(model_from_checkpoint_state(state).to(device).eval())
-            logger.info("loaded %s%s", paths[-1], _provenance(state))
-        vocabs = [Vocabulary(text[key][len(SPECIALS):]) for key in ("src_vocab", "tgt_vocab")]
+            models.append(checkpoint.trained_model().to(device).eval())
+            logger.info("loaded %s%s", paths[-1], _provenance(checkpoint))
+        vocabs = [Vocabulary(vocab[len(SPECIALS):]) for vocab in (first.src_vocab, first.tgt_vocab)]
         model = models[0] if len(models) == 1 else Ensemble(models)
-        return cls(model, *vocabs, DataOptions.from_dict(text["data"], str(paths[0])), max_input_len)
+        return cls(model, *vocabs, first.data, max_input_len)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of each line, truncated to ``max_input_len`` tokens (with one warning)."""
@@ -178,14 +179,13 @@ class Translator:
                           for token, word, p in zip(hyps[i], outputs[i], positions)]
 
 
-def _provenance(state: dict) -> str:
+def _provenance(checkpoint: Checkpoint) -> str:
     """What the log says of a loaded checkpoint: its step, or the steps an average was made of."""
-    averaged = state.get("averaged_from")
+    averaged = checkpoint.averaged_from
     if averaged is not None:
-        steps = ", ".join(str(step) for step in averaged["steps"])
-        return f" (average of {len(averaged['steps'])} checkpoints, steps {steps})"
-    step = state.get("trainer", {}).get("step")
-    return "" if step is None else f" (step {step})"
+        steps = ", ".join(str(step) for step in averaged.steps)
+        return f" (average of {len(averaged.steps)} checkpoints, steps {steps})"
+    return "" if checkpoint.step is None else f" (step {checkpoint.step})"
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

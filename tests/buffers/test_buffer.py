@@ -4,7 +4,15 @@ from conftest import ALL_BACKENDS, FAST_BACKENDS, HAS_CUDA, HAS_TRITON
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers import FORGET_ONE, BufferError, FixedPointOverflowError, InformationBuffer, backends
+from buffers import (
+    FORGET_ONE,
+    NO_FORGET_LIMIT,
+    BufferError,
+    FixedPointOverflowError,
+    ForgetLimit,
+    InformationBuffer,
+    backends,
+)
 from buffers.fixed import checked_add, quantize_forget, to_fixed
 
 # The backends the CPU can run, compared bit for bit with each other (Triton in its interpreter).
@@ -24,7 +32,18 @@ def fast_impl(request) -> tuple[str, str]:
 
 def _buffer(impl, batch, units, **kwargs) -> InformationBuffer:
     device, backend = impl
-    return InformationBuffer(batch, units, device=device, backend=backend, **kwargs)
+    return InformationBuffer(batch, units, device=device, backend=backends.resolve(backend, device), **kwargs)
+
+
+def _cpu_buffers(batch, units, **kwargs) -> list[InformationBuffer]:
+    """One buffer of each backend the CPU runs."""
+    return [InformationBuffer(batch, units, backend=backends.resolve(b, "cpu"), **kwargs) for b in CPU_BACKENDS]
+
+
+#: Forget limits the property tests draw from: all, or a few for the slower tests.
+LIMITS = [ForgetLimit(bits) for bits in (1, 2, 3, 5, None)]
+FEW_LIMITS = [ForgetLimit(bits) for bits in (1, 3, None)]
+THREE_BITS = ForgetLimit(3)
 
 
 def _steps(impl, steps: int) -> int:
@@ -68,13 +87,14 @@ def _assert_same_words(a: InformationBuffer, b: InformationBuffer) -> None:
     assert a.optimal_bits() == pytest.approx(b.optimal_bits(), rel=1e-12)
 
 
-def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None, mask_kind="rows", share_rows=False):
+def _run_round_trip(impl, batch, units, steps, seed, limit=NO_FORGET_LIMIT, widths=None, mask_kind="rows",
+                    share_rows=False):
     """Push `steps` rounds over groups of the given widths, pop them all, compare every state."""
     device = impl[0]
     gen = torch.Generator().manual_seed(seed)
     widths = widths or [units]
-    zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    buf = _buffer(impl, batch, units, max_bits=max_bits, share_rows=share_rows)
+    zmin = limit.min_numerator
+    buf = _buffer(impl, batch, units, limit=limit, share_rows=share_rows)
     states = [_random_state(gen, batch, w, device) for w in widths]
     initial = [s.clone() for s in states]
     history = []
@@ -98,33 +118,33 @@ def _run_round_trip(impl, batch, units, steps, seed, max_bits=None, widths=None,
 
 @settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 60), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 2, 3, 5, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
+       limit=st.sampled_from(LIMITS), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
        backend=st.sampled_from(["numba", "torch"]), share_rows=st.booleans())
-def test_round_trip_property(batch, units, steps, seed, max_bits, mask_kind, backend, share_rows):
-    _run_round_trip(("cpu", backend), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind,
+def test_round_trip_property(batch, units, steps, seed, limit, mask_kind, backend, share_rows):
+    _run_round_trip(("cpu", backend), batch, units, steps, seed, limit=limit, mask_kind=mask_kind,
                     share_rows=share_rows)
 
 
 @pytest.mark.skipif(len(CPU_BACKENDS) < 3, reason="triton is not installed, or CUDA runs the real kernels")
 @settings(max_examples=6, deadline=None)
 @given(batch=st.integers(1, 4), units=st.integers(1, 6), steps=st.integers(1, 10), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 3, None]), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
+       limit=st.sampled_from(FEW_LIMITS), mask_kind=st.sampled_from(["rows", "lanes", "none"]),
        share_rows=st.booleans())
-def test_round_trip_property_triton_interpreted(batch, units, steps, seed, max_bits, mask_kind, share_rows):
-    _run_round_trip(("cpu", "triton"), batch, units, steps, seed, max_bits=max_bits, mask_kind=mask_kind,
+def test_round_trip_property_triton_interpreted(batch, units, steps, seed, limit, mask_kind, share_rows):
+    _run_round_trip(("cpu", "triton"), batch, units, steps, seed, limit=limit, mask_kind=mask_kind,
                     share_rows=share_rows)
 
 
 @settings(max_examples=6, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 8), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=2),
+       limit=st.sampled_from(FEW_LIMITS), widths=st.lists(st.integers(1, 25), min_size=1, max_size=2),
        share_rows=st.booleans(), mask_kind=st.sampled_from(["rows", "lanes", "none"]))
-def test_backends_agree_bit_for_bit_on_numerators(batch, units, steps, seed, max_bits, widths, share_rows, mask_kind):
+def test_backends_agree_bit_for_bit_on_numerators(batch, units, steps, seed, limit, widths, share_rows, mask_kind):
     # Several groups of different widths share one buffer; every output, word, the stack, its height
     # and the flags must be the same whatever the backend, after every push and every pop.
     gen = torch.Generator().manual_seed(seed)
-    zmin = 1 if max_bits is None else FORGET_ONE >> max_bits
-    bufs = [InformationBuffer(batch, units, max_bits=max_bits, backend=b, share_rows=share_rows) for b in CPU_BACKENDS]
+    zmin = limit.min_numerator
+    bufs = _cpu_buffers(batch, units, limit=limit, share_rows=share_rows)
     states = [_random_state(gen, batch, w, "cpu") for w in widths]
     history = []
     for _ in range(steps):
@@ -145,14 +165,14 @@ def test_backends_agree_bit_for_bit_on_numerators(batch, units, steps, seed, max
 
 @settings(max_examples=6, deadline=None)
 @given(batch=st.integers(1, 5), units=st.integers(1, 9), steps=st.integers(1, 6), seed=st.integers(0, 2 ** 31),
-       max_bits=st.sampled_from([1, 3, None]), widths=st.lists(st.integers(1, 25), min_size=1, max_size=2),
+       limit=st.sampled_from(FEW_LIMITS), widths=st.lists(st.integers(1, 25), min_size=1, max_size=2),
        share_rows=st.booleans(), data=st.data())
-def test_backends_agree_bit_for_bit_on_updates(batch, units, steps, seed, max_bits, widths, share_rows, data):
+def test_backends_agree_bit_for_bit_on_updates(batch, units, steps, seed, limit, widths, share_rows, data):
     # Whole updates h ← z·h + u as the cells make them: float gates (with values that round half-way),
     # padded rows, stored columns that skip the buffer.
     gen = torch.Generator().manual_seed(seed)
     stored = [data.draw(st.integers(0, w)) for w in widths]
-    bufs = [InformationBuffer(batch, units, max_bits=max_bits, backend=b, share_rows=share_rows) for b in CPU_BACKENDS]
+    bufs = _cpu_buffers(batch, units, limit=limit, share_rows=share_rows)
     states = [_random_state(gen, batch, w, "cpu") >> 3 for w in widths]
     history = []
     for _ in range(steps):
@@ -198,19 +218,20 @@ def test_ten_thousand_steps_add_many_words(fast_impl):
 @pytest.mark.parametrize("share_rows", [False, True])
 def test_groups_of_different_widths_share_one_buffer(impl, share_rows):
     # e.g. h1 with an attention slice (narrower), h2, c1, c2 of a two-layer RevLSTM
-    _run_round_trip(impl, batch=6, units=10, steps=_steps(impl, 80) // 2, seed=3, max_bits=3,
+    _run_round_trip(impl, batch=6, units=10, steps=_steps(impl, 80) // 2, seed=3, limit=THREE_BITS,
                     widths=[7, 10, 10, 10, 7, 10], share_rows=share_rows)
 
 
 def test_wide_groups_fold_onto_few_lanes(impl):
     # 150-column halves on a 32-lane buffer: chunks of 32, 32, 32, 32, 22 columns per push
-    buf = _run_round_trip(impl, batch=4, units=32, steps=_steps(impl, 30), seed=5, max_bits=3, widths=[150, 150, 20])
+    buf = _run_round_trip(impl, batch=4, units=32, steps=_steps(impl, 30), seed=5, limit=THREE_BITS,
+                          widths=[150, 150, 20])
     assert buf.pushes == 0
 
 
 def test_folding_fills_words_better():
     gen = torch.Generator().manual_seed(0)
-    narrow, wide = InformationBuffer(8, 16, max_bits=3), InformationBuffer(8, 160, max_bits=3)
+    narrow, wide = InformationBuffer(8, 16, limit=THREE_BITS), InformationBuffer(8, 160, limit=THREE_BITS)
     h = _random_state(gen, 8, 160, "cpu")
     for _ in range(40):
         z = _random_z(gen, (8, 160), 128, "cpu")
@@ -224,7 +245,7 @@ def test_shared_lanes_fill_evenly_when_rows_forget_at_different_rates():
     # Row 0 forgets 3 bits per unit and step, the others 1: lanes of their own grow with row 0,
     # shared lanes with the mean. Same bits destroyed, fewer words.
     gen = torch.Generator().manual_seed(0)
-    own, shared = InformationBuffer(8, 4, max_bits=3), InformationBuffer(8, 4, max_bits=3, share_rows=True)
+    own, shared = InformationBuffer(8, 4, limit=THREE_BITS), InformationBuffer(8, 4, limit=THREE_BITS, share_rows=True)
     h = _random_state(gen, 8, 40, "cpu")
     z = torch.full((8, 40), FORGET_ONE // 2)
     z[0] = FORGET_ONE // 8
@@ -274,7 +295,7 @@ def test_masked_lanes_are_bit_for_bit_unchanged_in_the_buffer(impl):
 
 def test_accounting():
     batch, units, steps = 4, 6, 200
-    buf = InformationBuffer(batch, units, max_bits=3)
+    buf = InformationBuffer(batch, units, limit=THREE_BITS)
     gen = torch.Generator().manual_seed(0)
     h, expected = _random_state(gen, batch, units, "cpu"), 0.0
     for _ in range(steps):
@@ -293,7 +314,7 @@ def test_accounting():
 def test_bad_dtype_shape_device_and_numerators(impl):
     # Errors at the call (eager checks, as on CPU); what CUDA does by default is the next test's.
     device = impl[0]
-    buf = _buffer(impl, 2, 3, max_bits=3, eager_checks=True)
+    buf = _buffer(impl, 2, 3, limit=THREE_BITS, eager_checks=True)
     h = torch.zeros(2, 3, dtype=torch.int32, device=device)
     z = torch.full((2, 3), 512, device=device)
     with pytest.raises(TypeError, match="int32"):
@@ -357,7 +378,7 @@ def test_deferred_checks_raise_at_the_next_check(impl):
                                      torch.ones(2, 3, device=device), ones), FixedPointOverflowError, "state update"),
     ]
     for call, error, message in cases:
-        buf = _buffer(impl, 2, 3, max_bits=3, eager_checks=False)
+        buf = _buffer(impl, 2, 3, limit=THREE_BITS, eager_checks=False)
         call(buf)  # nothing raised yet
         with pytest.raises(error, match=message):
             buf.check()
@@ -369,14 +390,15 @@ def test_push_update_is_quantize_round_push_and_add_in_one_call(impl, share_rows
     device = impl[0]
     gen = torch.Generator().manual_seed(4)
     batch, width, stored = 5, 23, 4
-    buf = _buffer(impl, batch, 6, max_bits=3, share_rows=share_rows)
-    reference = InformationBuffer(batch, 6, max_bits=3, backend="torch", share_rows=share_rows)
+    buf = _buffer(impl, batch, 6, limit=THREE_BITS, share_rows=share_rows)
+    reference = InformationBuffer(batch, 6, limit=THREE_BITS, backend=backends.resolve("torch", "cpu"),
+                                  share_rows=share_rows)
     h = _random_state(gen, batch, width, "cpu") >> 4
     history = []
     for _ in range(_steps(impl, 40)):
         z, u = torch.rand(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
         mask = torch.rand(batch, generator=gen) < 0.8
-        zq, ui = quantize_forget(z, 3), to_fixed(u) * mask[:, None]
+        zq, ui = quantize_forget(z, THREE_BITS), to_fixed(u) * mask[:, None]
         lossy = torch.where(mask[:, None], (h[:, :stored].long() >> 10) * zq[:, :stored], h[:, :stored].long())
         want = checked_add(torch.cat([lossy.int(), reference.push_mul(h[:, stored:], zq[:, stored:], mask)], 1), ui)
         got = buf.push_update(h.to(device), z.to(device), u.to(device), mask.to(device), stored)
@@ -398,13 +420,23 @@ def test_push_update_is_quantize_round_push_and_add_in_one_call(impl, share_rows
 
 
 def test_backend_choice_is_checked():
-    assert backends.resolve("auto", "cpu") == "numba"
-    assert backends.resolve("auto", "cuda") == ("triton" if HAS_TRITON else "torch")
-    assert backends.resolve("torch", "cuda") == "torch"
+    assert backends.resolve("auto", "cpu").name == "numba"
+    assert backends.resolve("auto", "cuda").name == ("triton" if HAS_TRITON else "torch")
+    assert backends.resolve("torch", "cuda").name == "torch"
+    assert backends.resolve("torch", "cpu") is backends.by_name("torch")  # backends hold no state: one object each
+    assert backends.CHOICES == ("auto", *backends.NAMES)
     with pytest.raises(ValueError, match="unknown buffer backend"):
-        InformationBuffer(2, 3, backend="cuda")
+        backends.resolve("cuda", "cpu")
     with pytest.raises(ValueError, match="CPU only"):
         backends.resolve("numba", "cuda")
+    with pytest.raises(ValueError, match="CPU only"):  # a backend object is checked against the buffer's device
+        InformationBuffer(2, 3, device="meta", backend=backends.by_name("numba"))
+
+
+def test_a_buffer_takes_its_backend_as_given(monkeypatch):
+    backend = backends.resolve("torch", "cpu")
+    monkeypatch.setattr(backends, "resolve", None)  # no name is resolved again
+    assert InformationBuffer(2, 3, backend=backend).backend is backend
 
 
 @pytest.mark.skipif(len(CPU_BACKENDS) < 3, reason="triton is not installed, or CUDA runs the real kernels")
@@ -414,7 +446,7 @@ def test_triton_walks_a_slab_of_several_tiles_bit_for_bit():
     # decision must be a reduction over every tile, and every tile must push and pop with it.
     batch, units, width, stored = 300, 16, 40, 5
     gen = torch.Generator().manual_seed(0)
-    bufs = [InformationBuffer(batch, units, backend=b, eager_checks=False) for b in CPU_BACKENDS]
+    bufs = _cpu_buffers(batch, units, eager_checks=False)
     forgets = torch.arange(batch)[:, None] >= 256
     h, history = _random_state(gen, batch, width, "cpu") >> 3, []
     for _ in range(6):
@@ -443,8 +475,20 @@ def test_triton_needs_cuda_or_the_interpreter(monkeypatch):
         backends.resolve("triton", "cpu")
 
 
+def test_a_fused_call_must_obey_the_buffers_forget_limit():
+    # A fused kernel clamps its numerators to the limit it is given, and the buffer sizes its stack by its own.
+    buf = InformationBuffer(2, 3, limit=THREE_BITS)
+    buf.plan_push((3, 0), limit=ForgetLimit(3)).done(0.0)
+    with pytest.raises(ValueError, match=r"under ForgetLimit\(bits=5\) on a buffer made for ForgetLimit\(bits=3\)"):
+        buf.plan_push((3, 0), limit=ForgetLimit(5))
+    with pytest.raises(ValueError, match=r"under ForgetLimit\(bits=1\)"):
+        buf.plan_pop((3, 0), limit=ForgetLimit(1))
+    buf.plan_pop((3, 0), limit=THREE_BITS).done()
+    assert buf.pushes == 0
+
+
 def test_bad_construction():
     with pytest.raises(ValueError):
         InformationBuffer(0, 3)
     with pytest.raises(ValueError):
-        InformationBuffer(2, 3, max_bits=4.5)
+        InformationBuffer(2, 3, limit=ForgetLimit(4))

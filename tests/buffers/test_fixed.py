@@ -48,25 +48,34 @@ def test_checked_add_detects_wraparound():
 @pytest.mark.parametrize("bits,m,zmin",
                          [(1, 0.5, 512), (2, 0.75, 256), (3, 0.875, 128), (5, 0.96875, 32), (None, 1.0, 1)])
 def test_max_forgetting_map(bits, m, zmin):
-    assert buffers.forget_multiplier(bits) == m
-    assert buffers.min_forget_numerator(bits) == zmin
+    limit = buffers.ForgetLimit(bits)
+    assert limit.bits == bits and limit.slope == m and limit.min_numerator == zmin
     sig = torch.tensor([0.0, 0.3, 1.0])
-    z = buffers.restrict_forget(sig, bits)
+    z = buffers.restrict_forget(sig, limit)
     assert torch.allclose(z, m * sig + (1 - m))
-    zq = buffers.quantize_forget(z, bits)
+    zq = buffers.quantize_forget(z, limit)
     assert zq.dtype == torch.int64 and zq.min() >= zmin and zq.max() == FORGET_ONE
     assert zq[0].item() == zmin  # fully closed gate forgets exactly k bits (never all of h without a limit)
 
 
-@pytest.mark.parametrize("bits", [0, 11, 2.5, "3"])
-def test_bad_max_bits(bits):
-    with pytest.raises(ValueError):
-        buffers.forget_multiplier(bits)
+def test_forget_limit_is_one_value_of_the_legal_set():
+    assert buffers.MAX_FORGET_CHOICES == (1, 2, 3, 5, None)
+    assert [buffers.ForgetLimit(b).bits for b in buffers.MAX_FORGET_CHOICES] == list(buffers.MAX_FORGET_CHOICES)
+    assert buffers.ForgetLimit() == buffers.NO_FORGET_LIMIT == buffers.ForgetLimit(None)
+    assert buffers.ForgetLimit(3) == buffers.ForgetLimit(3) != buffers.ForgetLimit(2)
+    with pytest.raises(AttributeError):
+        buffers.ForgetLimit(3).bits = 2  # frozen: its derived numbers cannot go stale
+
+
+@pytest.mark.parametrize("bits", [0, 4, 10, 11, 2.5, 3.0, "3", True])
+def test_illegal_forget_limits_are_refused(bits):
+    with pytest.raises(ValueError, match="max forgotten bits must be one of 1, 2, 3, 5, None"):
+        buffers.ForgetLimit(bits)
 
 
 def test_restrict_forget_gradient_is_m():
     a = torch.tensor([0.3], requires_grad=True)
-    buffers.restrict_forget(torch.sigmoid(a), 3).sum().backward()
+    buffers.restrict_forget(torch.sigmoid(a), buffers.ForgetLimit(3)).sum().backward()
     s = torch.sigmoid(torch.tensor(0.3))
     assert torch.allclose(a.grad, 0.875 * s * (1 - s))
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import write_toy_corpus
 
-from revnmt.checkpoints import load_checkpoint
+from revnmt.checkpoints import Checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def _train_options(corpus: dict[str, str], run: Path, *options: str) -> list[str
 
 
 def _finite(path: Path) -> bool:
-    return all(torch.isfinite(weights).all() for weights in load_checkpoint(path)["model"].values())
+    return all(torch.isfinite(weights).all() for weights in Checkpoint.load(path).weights.values())
 
 
 @pytest.mark.parametrize("rnn", ["gru", "revgru"])
@@ -49,7 +49,7 @@ def test_a_diverging_run_stops_with_one_line_and_saves_no_nan(corpus, tmp_path, 
     stop = re.search(r"ERROR training diverged at step (\d+): 10 updates in a row had a non-finite loss or gradients "
                      r"\(--max-nonfinite 10\); the checkpoint of step (\d+) is kept", last)
     assert stop and "Traceback" not in done.stderr, done.stderr
-    assert int(stop.group(2)) == load_checkpoint(run / "last.pt")["trainer"]["step"] < int(stop.group(1))
+    assert int(stop.group(2)) == Checkpoint.load(run / "last.pt").step < int(stop.group(1))
     assert _finite(run / "last.pt") and (not (run / "best.pt").exists() or _finite(run / "best.pt"))
 
     # The diverged (finite, useless) model translates: a line per input line, with the beam as with greedy search.
@@ -91,7 +91,7 @@ def _inject(tmp_path: Path) -> str:
 
 
 def _adam_steps(path: Path) -> set[int]:
-    return {int(state["step"]) for state in load_checkpoint(path)["optimizer"]["state"].values()}
+    return {int(state["step"]) for state in Checkpoint.load(path).training.optimizer["state"].values()}
 
 
 def test_a_few_non_finite_updates_are_skipped_and_the_run_finishes(corpus, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from revnmt.checkpoints import load_checkpoint
+from revnmt.checkpoints import Checkpoint
 from revnmt.data import decode_lines, find_multi30k, read_lines
 from revnmt.translation.translator import Translator
 
@@ -75,7 +75,7 @@ def test_train_resume_translate(corpus, tmp_path):
     resumed = _run("revnmt-train", *command, "--max-steps", "12")  # across the end of epoch 1 (10 batches)
     assert resumed.returncode == 0, resumed.stderr.decode()
     assert "resumed" in resumed.stderr.decode() and "validation after epoch 1, step 10" in resumed.stderr.decode()
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 12
+    assert Checkpoint.load(run / "last.pt").step == 12
     assert len((run / "valid.tsv").read_text().splitlines()) == 1 + 3  # header, steps 4, 10 and 12
 
     out = tmp_path / "test.hyp"

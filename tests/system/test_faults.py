@@ -30,7 +30,7 @@ import pytest
 import torch
 from conftest import device_node, write_toy_corpus
 
-from revnmt.checkpoints import load_checkpoint
+from revnmt.checkpoints import Checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -97,11 +97,11 @@ def _one_line_error(done: subprocess.CompletedProcess, message: str, status: int
 
 def _same_run(a: Path, b: Path) -> bool:
     """Whether two run directories' last.pt hold bit-identical weights and optimizer state at the same step."""
-    x, y = load_checkpoint(a / "last.pt"), load_checkpoint(b / "last.pt")
-    tensors = [(x["model"][k], y["model"][k]) for k in x["model"]]
-    for s, t in zip(x["optimizer"]["state"].values(), y["optimizer"]["state"].values()):
+    x, y = Checkpoint.load(a / "last.pt"), Checkpoint.load(b / "last.pt")
+    tensors = [(x.weights[k], y.weights[k]) for k in x.weights]
+    for s, t in zip(x.training.optimizer["state"].values(), y.training.optimizer["state"].values()):
         tensors += [(s[k], t[k]) for k in s]
-    return x["trainer"]["step"] == y["trainer"]["step"] and all(torch.equal(u, v) for u, v in tensors)
+    return x.step == y.step and all(torch.equal(u, v) for u, v in tensors)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_a_signal_saves_the_step_reached_and_the_run_resumes_exactly(corpus, uni
     _wait_for_step(run, 10, process)
     process.send_signal(signum)
     assert process.wait(timeout=60) == 128 + signum, _stderr(run)
-    step = load_checkpoint(run / "last.pt")["trainer"]["step"]
+    step = Checkpoint.load(run / "last.pt").step
     assert 10 <= step < STEPS
     assert _stderr(run).splitlines()[-1].endswith(f"interrupted at step {step}; resume with the same command")
     assert "Traceback" not in _stderr(run)
@@ -157,10 +157,10 @@ def test_one_run_owns_a_save_directory(corpus, tmp_path):
     # A killed run leaves no stale lock.
     first.kill()
     first.wait()
-    saved = load_checkpoint(run / "last.pt")["trainer"]["step"]
+    saved = Checkpoint.load(run / "last.pt").step
     resumed = _train(corpus, run, "--max-steps", str(saved + 2))
     assert resumed.returncode == 0 and "resumed" in resumed.stderr, resumed.stderr
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == saved + 2
+    assert Checkpoint.load(run / "last.pt").step == saved + 2
 
 
 def test_a_changed_corpus_is_refused_on_resume_unless_the_epoch_restarts(corpus, tmp_path):
@@ -172,14 +172,14 @@ def test_a_changed_corpus_is_refused_on_resume_unless_the_epoch_restarts(corpus,
     assert "changed since it was saved" in refused.stderr and "--restart-epoch" in refused.stderr
     resumed = _train(corpus, run, *small, "--max-steps", "20", "--restart-epoch")
     assert resumed.returncode == 0, resumed.stderr
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 20
+    assert Checkpoint.load(run / "last.pt").step == 20
     # on unchanged corpora the option changes nothing: the run goes on from its saved position
-    position = load_checkpoint(run / "last.pt")["trainer"]
+    position = Checkpoint.load(run / "last.pt").training.trainer
     again = _train(corpus, run, *small, "--max-steps", "21", "--restart-epoch")
     assert again.returncode == 0 and "from its first batch" not in again.stderr, again.stderr
-    after = load_checkpoint(run / "last.pt")["trainer"]
-    assert (after["epoch"], after["batch_in_epoch"]) in ((position["epoch"], position["batch_in_epoch"] + 1),
-                                                         (position["epoch"] + 1, 0))
+    after = Checkpoint.load(run / "last.pt").training.trainer
+    assert (after.epoch, after.batch_in_epoch) in ((position.epoch, position.batch_in_epoch + 1),
+                                                   (position.epoch + 1, 0))
 
 
 def test_options_changed_on_resume_are_applied_or_refused(corpus, tmp_path):
@@ -189,7 +189,7 @@ def test_options_changed_on_resume_are_applied_or_refused(corpus, tmp_path):
     assert changed.returncode == 0, changed.stderr
     assert "changed on resume: --lr 0.001 -> 0.5" in changed.stderr
     assert "changed on resume: --max-steps 4 -> 6" in changed.stderr
-    assert load_checkpoint(run / "last.pt")["optimizer"]["param_groups"][0]["lr"] == 0.5
+    assert Checkpoint.load(run / "last.pt").training.optimizer["param_groups"][0]["lr"] == 0.5
     config = (run / "config.json").read_text()
     assert '"lr": 0.5' in config
 
@@ -221,7 +221,7 @@ def test_a_full_disk_while_saving_keeps_the_last_checkpoint(corpus, tmp_path):
     # ulimit -f: no file may grow past the checkpoint's size less 1 KiB (EFBIG, as ENOSPC on a full disk).
     done = _train(corpus, run, "--max-steps", "6", shell=f'ulimit -f {size // 1024 - 1}; exec "$0" "$@"')
     _one_line_error(done, "File too large; the checkpoint of step 4 is kept")
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 4
+    assert Checkpoint.load(run / "last.pt").step == 4
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -270,7 +270,7 @@ def test_a_reversal_fault_costs_one_batch_not_the_run(corpus, tmp_path):
     assert ("batch 2 of epoch 1 (step 3): reversal failed (injected fault); its gradients were computed by "
             "backpropagation instead (1 such batches so far)") in done.stderr
     assert "| step 3 | batch 3/50 |" in done.stderr and "| 1 reversal fallbacks" in done.stderr
-    assert load_checkpoint(run / "last.pt")["trainer"]["reversal_fallbacks"] == 1
+    assert Checkpoint.load(run / "last.pt").training.trainer.reversal_fallbacks == 1
 
 
 def test_reversal_faults_on_many_batches_stop_the_run(corpus, tmp_path):
@@ -285,12 +285,12 @@ def test_an_interrupted_hogwild_run_saves_a_prefix_of_the_epoch_and_resumes(corp
     _wait_for_step(run, 6, process)
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=120) == 130, _stderr(run)
-    state = load_checkpoint(run / "last.pt")["trainer"]
+    state = Checkpoint.load(run / "last.pt").training.trainer
     # the updates so far are exactly the epoch's first batches, one each
-    assert state["epoch"] == 1 and 6 <= state["step"] == state["batch_in_epoch"] < 40
+    assert state.epoch == 1 and 6 <= state.step == state.batch_in_epoch < 40
     resumed = _train(corpus, run, "--hogwild", "2", "--max-steps", "40")
     assert resumed.returncode == 0, resumed.stderr
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 40
+    assert Checkpoint.load(run / "last.pt").step == 40
 
 
 def _torchrun() -> tuple[str, ...]:
@@ -308,15 +308,15 @@ def test_an_interrupted_torchrun_job_stops_every_rank_at_one_step_and_resumes(co
     _wait_for_step(run, 4, process)
     process.send_signal(signal.SIGINT)  # torchrun passes it on to both ranks
     process.wait(timeout=120)  # torchrun's own status and traceback for a signal are its own, not revnmt's
-    state = load_checkpoint(run / "last.pt")["trainer"]
-    step = state["step"]
-    assert 4 <= step < 40 and state["batch_in_epoch"] == 2 * step  # a batch per rank and update
+    state = Checkpoint.load(run / "last.pt").training.trainer
+    step = state.step
+    assert 4 <= step < 40 and state.batch_in_epoch == 2 * step  # a batch per rank and update
     assert _stderr(run).count(f"interrupted at step {step}; resume with the same command") == 2  # both ranks
 
     resumed = subprocess.run([*_torchrun(), *_command(corpus, run, "--max-steps", "40")],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 40
+    assert Checkpoint.load(run / "last.pt").step == 40
 
 
 # ---------------------------------------------------------------------- revnmt-translate

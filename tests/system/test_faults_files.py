@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import write_toy_corpus
 
-from revnmt.checkpoints import load_checkpoint, save_checkpoint
+from revnmt.checkpoints import Checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_whatever_the_environment_sa
     made = tmp_path / "made-by-the-checkpoint"
 
     def add_payload(path: Path) -> None:
-        save_checkpoint(path, {**load_checkpoint(path), "scheduler": _Payload(made)})
+        save_checkpoint(path, {**Checkpoint.load(path).to_dict(), "scheduler": _Payload(made)})
 
     _refused(work, tmp_path, name, add_payload, "it holds more than tensors and plain data, and loading it could "
              "run code: refused", env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
@@ -142,7 +142,7 @@ def test_a_damaged_checkpoint_is_refused(work, tmp_path, name):
 
 
 def _state_dict(path: Path) -> None:
-    torch.save(load_checkpoint(path)["model"], path)
+    torch.save(Checkpoint.load(path).weights, path)
 
 
 def _list(path: Path) -> None:
@@ -150,13 +150,13 @@ def _list(path: Path) -> None:
 
 
 def _without_model(path: Path) -> None:
-    state = load_checkpoint(path)
+    state = Checkpoint.load(path).to_dict()
     del state["model"]
     torch.save(state, path)
 
 
 def _wrong_shape(path: Path) -> None:
-    state = load_checkpoint(path)
+    state = Checkpoint.load(path).to_dict()
     state["model"]["generator.bias"] = torch.zeros(3)
     torch.save(state, path)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import write_toy_corpus
 
-from revnmt.checkpoints import load_checkpoint
+from revnmt.checkpoints import Checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_a_signal_in_the_dev_translation_saves_and_the_resume_validates_again(co
     done = _interrupt(tmp_path, signum, "revnmt.cli.train", "revnmt.translation.translator:Translator.translate", 1,
                       *_train(corpus, run, "--max-steps", "3"))
     _one_line(done, signum, "interrupted at step 3; resume with the same command")
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 3
+    assert Checkpoint.load(run / "last.pt").step == 3
     assert len((run / "valid.tsv").read_text().splitlines()) == 1  # the header: no validation was recorded
     again = subprocess.run([str(BIN / "revnmt-train"), *_train(corpus, run, "--max-steps", "3")],
                            capture_output=True, text=True, timeout=300)

@@ -40,9 +40,9 @@ from torch import nn
 
 from buffers import (
     FORGET_ONE,
+    ForgetLimit,
     InformationBuffer,
     OverflowGuard,
-    forget_multiplier,
     lossy_update,
     quantize_forget,
     straight_through,
@@ -99,15 +99,15 @@ class Reversal:
 class Update:
     """One integer update h ← z·h + u of a slice of the state, in the three modes (torch reference)."""
 
-    def __init__(self, max_bits: int | None, buf: InformationBuffer | None, mask: torch.Tensor,
+    def __init__(self, limit: ForgetLimit, buf: InformationBuffer | None, mask: torch.Tensor,
                  guard: OverflowGuard | None) -> None:
-        self.max_bits, self.buf, self.mask, self.guard = max_bits, buf, mask, guard
+        self.limit, self.buf, self.mask, self.guard = limit, buf, mask, guard
 
     def push(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, stored: int = 0) -> torch.Tensor:
         """h ← z·h + u. The first ``stored`` columns are kept exactly elsewhere (the attention
         slice), so they skip the buffer; without a buffer (inference) every column does."""
         if self.buf is None:
-            return lossy_update(h, z, u, self.mask, self.max_bits, self.guard)
+            return lossy_update(h, z, u, self.mask, self.limit, self.guard)
         return self.buf.push_update(h, z, u, self.mask, stored)
 
     def pop(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, restore: torch.Tensor | None = None):
@@ -119,7 +119,7 @@ class Update:
 
     def _factor(self, z: torch.Tensor) -> torch.Tensor:
         """The factor z*/2^R_Z the update really multiplies by, as a float."""
-        return quantize_forget(z, self.max_bits) / FORGET_ONE
+        return quantize_forget(z, self.limit) / FORGET_ONE
 
     def surrogate(self, h: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """where(mask, z*·h + u, h) on floats: what the update's gradient is taken from."""
@@ -151,15 +151,12 @@ class RevCell(nn.Module, ABC):
     #: tests/revnmt/rnn/test_saved_memory.py checks it for both.
     reverse_temporaries = 30
 
-    def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None) -> None:
+    def __init__(self, input_size: int, hidden_size: int, limit: ForgetLimit) -> None:
         super().__init__()
         if hidden_size % 2:
             raise ValueError(f"reversible cells split the state in halves: hidden size must be even, got {hidden_size}")
         self.input_size, self.hidden_size, self.half = input_size, hidden_size, hidden_size // 2
-        # d restrict_forget(σ) / dσ, the factor m of buffers.restrict_forget; it also validates the limit
-        # now rather than at the first step.
-        self._slope = forget_multiplier(max_forget_bits)
-        self.max_forget_bits = max_forget_bits
+        self.limit = limit  # the forget gates' limit; its slope is d restrict_forget(σ) / dσ
         self.state_size = hidden_size * self.groups_per_half
 
     # ------------------------------------------------------------------ what a family implements
@@ -249,7 +246,7 @@ class RevCell(nn.Module, ABC):
         return i * self.project_width // 2
 
     def _update(self, buf: InformationBuffer | None, mask: torch.Tensor, guard: OverflowGuard | None) -> Update:
-        return Update(self.max_forget_bits, buf, mask, guard)
+        return Update(self.limit, buf, mask, guard)
 
     def _split(self, state: torch.Tensor) -> list[torch.Tensor]:
         return list(state.split(self.half, dim=1))

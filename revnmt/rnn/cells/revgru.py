@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from buffers import restrict_forget, to_float
+from buffers import ForgetLimit, restrict_forget, to_float
 
 from .. import products
 from .base import RevCell, Reversal
@@ -15,8 +15,8 @@ from .weights import SweepWeights
 class RevGRUCell(RevCell):
     """h_i ← z_i·h_i + (1 − z_i)·g_i, with [z_i | r_i] = σ(W[x; h_j]), g_i = tanh(V[x; r_i·h_j])."""
 
-    def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None = 3) -> None:
-        super().__init__(input_size, hidden_size, max_forget_bits)
+    def __init__(self, input_size: int, hidden_size: int, limit: ForgetLimit) -> None:
+        super().__init__(input_size, hidden_size, limit)
         self.zr = nn.ModuleList(nn.Linear(input_size + self.half, 2 * self.half) for _ in range(2))
         self.g = nn.ModuleList(nn.Linear(input_size + self.half, self.half) for _ in range(2))
 
@@ -33,7 +33,7 @@ class RevGRUCell(RevCell):
     def _terms(self, acts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The update's (z, u) from :meth:`_activations`."""
         z, _, _, g = acts
-        z = restrict_forget(z, self.max_forget_bits)
+        z = restrict_forget(z, self.limit)
         return z, (1 - z) * g
 
     def _gates(self, i: int, p: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +58,7 @@ class RevGRUCell(RevCell):
             s = kernels.gru_gates(read, weights.recurrent[2 * i], p, col, rh)
             read = kernels.gru_push(sweep.buffer, h[i], products.linear(rh, weights.recurrent[2 * i + 1]), p,
                                     col + 2 * self.half, s, mask, self._stored(i, sweep.stored),
-                                    self.max_forget_bits, new)
+                                    self.limit, new)
         return out
 
     def _reverse_half_reference(self, i: int, step: Reversal, restore: torch.Tensor | None) -> None:
@@ -81,7 +81,7 @@ class RevGRUCell(RevCell):
         grad_pre_z, grad_pre_r, grad_pre_g = grad_pre.split(self.half, 1)
         torch.mul(grad_u * (1 - z), 1 - g * g, out=grad_pre_g)
         grad_rh = torch.mm(grad_pre_g, self.recurrent_weight(self.g[i]))
-        torch.mul((grad_z - grad_u * g) * self._slope * sz, 1 - sz, out=grad_pre_z)
+        torch.mul((grad_z - grad_u * g) * self.limit.slope * sz, 1 - sz, out=grad_pre_z)
         torch.mul(grad_rh * read * r, 1 - r, out=grad_pre_r)
         grads[1 - i].add_(torch.mm(grad_pre[:, : 2 * self.half], self.recurrent_weight(self.zr[i]))).add_(grad_rh * r)
 
@@ -104,7 +104,7 @@ class RevGRUCell(RevCell):
         grad_z, _, grad_g = (None,) * 3 if grads is None else grad_pre.split(self.half, 1)
         prev_float = torch.empty(read.shape, device=read.device) if i == 1 else None
         kernels.gru_reverse(step.sweep.buffer if step.pop else None, ints[i], pre_g, step.p, col + 2 * self.half, s,
-                            step.mask, self.max_forget_bits, restore, step.prevs[i],
+                            step.mask, self.limit, restore, step.prevs[i],
                             None if grads is None else grads[i], grad_z, grad_g, prev_float, grad_out)
         ints[i] = step.prevs[i]
         if grads is not None:

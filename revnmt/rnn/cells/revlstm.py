@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from buffers import restrict_forget, to_float
+from buffers import ForgetLimit, restrict_forget, to_float
 
 from .. import products
 from .base import RevCell, Reversal
@@ -23,8 +23,8 @@ class RevLSTMCell(RevCell):
     groups_per_half = 2
     reverse_temporaries = 42
 
-    def __init__(self, input_size: int, hidden_size: int, max_forget_bits: int | None = 3) -> None:
-        super().__init__(input_size, hidden_size, max_forget_bits)
+    def __init__(self, input_size: int, hidden_size: int, limit: ForgetLimit) -> None:
+        super().__init__(input_size, hidden_size, limit)
         self.gates = nn.ModuleList(nn.Linear(input_size + self.half, 5 * self.half) for _ in range(2))
 
     def linears(self) -> list[nn.Linear]:
@@ -38,7 +38,7 @@ class RevLSTMCell(RevCell):
     def _terms(self, acts: tuple[torch.Tensor, ...]):
         """(f, i·g, o, p) from :meth:`_activations`: the cell's and the hidden state's update terms."""
         f, g, ig, o, p_gate = acts
-        return (restrict_forget(f, self.max_forget_bits), ig * g, o, restrict_forget(p_gate, self.max_forget_bits))
+        return (restrict_forget(f, self.limit), ig * g, o, restrict_forget(p_gate, self.limit))
 
     def _gates(self, i: int, p: torch.Tensor, other: torch.Tensor):
         return self._terms(self._activations(i, p, other))
@@ -61,7 +61,7 @@ class RevLSTMCell(RevCell):
         for i in (0, 1):
             pre = products.linear(read, weights.recurrent[i])
             read = sweep.kernels.lstm_push(sweep.buffer, ints[i], ints[2 + i], pre, p, self._half_start(i), mask,
-                                           self._stored(i, sweep.stored), self.max_forget_bits, new[i], new[2 + i])
+                                           self._stored(i, sweep.stored), self.limit, new[i], new[2 + i])
         return out
 
     def _reverse_half_reference(self, i: int, step: Reversal, restore: torch.Tensor | None) -> None:
@@ -87,11 +87,11 @@ class RevLSTMCell(RevCell):
         grads[h].copy_(grad_h)
         grads[c].copy_(grad_c)
         out_f, out_g, out_i, out_o, out_p = grad_pre.chunk(5, 1)
-        torch.mul(grad_f * self._slope * sf, 1 - sf, out=out_f)
+        torch.mul(grad_f * self.limit.slope * sf, 1 - sf, out=out_f)
         torch.mul(grad_uc * ig, 1 - g * g, out=out_g)
         torch.mul(grad_uc * g * ig, 1 - ig, out=out_i)
         torch.mul(grad_uh * tc * o, 1 - o, out=out_o)
-        torch.mul(grad_p * self._slope * sp, 1 - sp, out=out_p)
+        torch.mul(grad_p * self.limit.slope * sp, 1 - sp, out=out_p)
         grads[1 - i].add_(torch.mm(grad_pre, self.recurrent_weight(self.gates[i])))
 
     def _reverse_half_fused(self, i: int, step: Reversal, restore: torch.Tensor | None, weights: SweepWeights,
@@ -110,7 +110,7 @@ class RevLSTMCell(RevCell):
         grad_pre = None if grads is None else self._half_projection(step.slot[0], i)
         prev_float = torch.empty_like(read) if i == 1 else None
         step.sweep.kernels.lstm_reverse(step.sweep.buffer if step.pop else None, ints[h], ints[c], pre, step.p,
-                                        self._half_start(i), step.mask, self.max_forget_bits, restore,
+                                        self._half_start(i), step.mask, self.limit, restore,
                                         (prevs[h], prevs[c]), grad, grad_pre, read,
                                         None if step.slot is None else step.slot[1][i], prev_float, grad_out)
         ints[h], ints[c] = prevs[h], prevs[c]

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from buffers import InformationBuffer
+from buffers import ForgetLimit, InformationBuffer
 
 
 class StepKernels(ABC):
@@ -31,8 +31,9 @@ class StepKernels(ABC):
 
     Conventions: ``pre*`` are recurrent products (float [B, k·H]) and ``p[:, col:]`` the matching
     columns of the step's input projection ``p``, which the kernels add (``p`` whole rather than a
-    column slice: a contiguous array lets a compiled loop vectorize); ``max_bits`` is the forget limit
-    (``buffers.restrict_forget``, ``quantize_forget``); ``mask`` bool [B] marks live rows. Pushes and pops go through
+    column slice: a contiguous array lets a compiled loop vectorize); ``limit`` is the cell's forget limit,
+    the buffer's too (its slope and smallest numerator, as in ``buffers.restrict_forget`` and
+    ``quantize_forget``); ``mask`` bool [B] marks live rows. Pushes and pops go through
     ``buf`` as :meth:`InformationBuffer.push_update` would, in the same order (RevLSTM: c then h).
     In the reverse kernels a ``buf`` pops the previous half into ``prev`` (and writes ``restore``,
     the stored columns' previous values, over its first columns), while without one (``buf=None``)
@@ -54,7 +55,7 @@ class StepKernels(ABC):
 
     @abstractmethod
     def gru_push(self, buf: InformationBuffer, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor, col: int,
-                 s: torch.Tensor, mask: torch.Tensor, stored: int, max_bits: int | None,
+                 s: torch.Tensor, mask: torch.Tensor, stored: int, limit: ForgetLimit,
                  out: torch.Tensor) -> torch.Tensor:
         """h ← z·h + (1 − z)·tanh(pre_g + p[:, col:]) into ``out`` (int32), its first ``stored`` columns
         unbuffered; returns the float copy of the new half."""
@@ -62,7 +63,7 @@ class StepKernels(ABC):
     @abstractmethod
     def gru_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, pre_g: torch.Tensor, p: torch.Tensor,
                     col: int,
-                    s: torch.Tensor, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
+                    s: torch.Tensor, mask: torch.Tensor, limit: ForgetLimit, restore: torch.Tensor | None,
                     prev: torch.Tensor, grad: torch.Tensor | None, grad_z: torch.Tensor | None,
                     grad_g: torch.Tensor | None, prev_float: torch.Tensor | None = None,
                     grad_out: torch.Tensor | None = None) -> None:
@@ -81,13 +82,13 @@ class StepKernels(ABC):
 
     @abstractmethod
     def lstm_push(self, buf: InformationBuffer, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
-                  p: torch.Tensor, col: int, mask: torch.Tensor, stored: int, max_bits: int | None, out_h: torch.Tensor,
+                  p: torch.Tensor, col: int, mask: torch.Tensor, stored: int, limit: ForgetLimit, out_h: torch.Tensor,
                   out_c: torch.Tensor) -> torch.Tensor:
         """c ← f·c + i·g, then h ← p·h + o·tanh(new c), into ``out_c``, ``out_h``; returns the float new h."""
 
     @abstractmethod
     def lstm_reverse(self, buf: InformationBuffer | None, h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor,
-                     p: torch.Tensor, col: int, mask: torch.Tensor, max_bits: int | None, restore: torch.Tensor | None,
+                     p: torch.Tensor, col: int, mask: torch.Tensor, limit: ForgetLimit, restore: torch.Tensor | None,
                      prev: tuple[torch.Tensor, torch.Tensor],
                      grad: tuple[torch.Tensor, torch.Tensor] | None,
                      grad_pre: torch.Tensor | None, read: torch.Tensor | None = None,

@@ -1,10 +1,10 @@
 """The fused half-steps as compiled CPU loops (numba), one call per elementwise stretch.
 
-On a CPU a reversible step was mostly dispatch: about thirty small torch ops per half-step around
-the products, each a pass over a [B, H] tensor and a trip through the dispatcher. Here each stretch
-between two products is one loop over the batch that keeps its temporaries in registers: RevGRU's
-half is product, :func:`gru_gates`, product, :func:`gru_push` (in the reverse, :func:`gru_reverse`
-and, after the g product's backward, :func:`gru_read_grad`); RevLSTM's is one product and
+On a CPU a reversible step written as torch ops is mostly dispatch: about thirty small ops per
+half-step around the products, each a pass over a [B, H] tensor and a trip through the dispatcher.
+Here each stretch between two products is one loop over the batch that keeps its temporaries in
+registers: RevGRU's half is product, :func:`gru_gates`, product, :func:`gru_push` (in the reverse,
+:func:`gru_reverse` and, after the g product's backward, :func:`gru_read_grad`); RevLSTM's is one product and
 :func:`lstm_push` or :func:`lstm_reverse`. The products go through :mod:`revnmt.rnn.products`, some
 of them called by :class:`NumbaSteps` where the Triton kernels compute theirs inside. The integer
 part (quantize z, round u, push or pop the buffer, add, range checks) is the buffer's own code,
@@ -30,7 +30,7 @@ from numba import njit
 
 from buffers import to_float
 from buffers.backends.numba_loops import fixed_term, forget_numerator, pop_terms, push_terms
-from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, forget_multiplier, min_forget_numerator
+from buffers.fixed import FORGET_ONE, HIDDEN_RADIX, ForgetLimit
 from buffers.plans import PopPlan, PushPlan
 from buffers.words import OK, TERM_OVERFLOW, WORD_LIMIT
 
@@ -335,9 +335,9 @@ def _arrays(plan: PushPlan | PopPlan) -> tuple[np.ndarray, ...]:
     return tuple(t.numpy() for t in plan.tensors()[:4])
 
 
-def _limit(max_bits: int | None) -> tuple[np.float32, int]:
-    """The forget limit's slope m (``buffers.forget_multiplier``) and smallest numerator."""
-    return np.float32(forget_multiplier(max_bits)), min_forget_numerator(max_bits)
+def _limit(limit: ForgetLimit) -> tuple[np.float32, int]:
+    """The forget limit as the loops take it: its slope (as float32, the gates' type) and smallest numerator."""
+    return np.float32(limit.slope), limit.min_numerator
 
 
 def _float(read: torch.Tensor) -> torch.Tensor:
@@ -361,25 +361,25 @@ class NumbaSteps(StepKernels):
         gru_gates(pre_zr.numpy(), p.numpy(), col, read.numpy(), s.numpy(), rh.numpy())
         return s
 
-    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
-        plan = buf.plan_push((h.shape[1], stored))
+    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, limit, out):
+        plan = buf.plan_push((h.shape[1], stored), limit=limit)
         new_float = torch.empty(h.shape)
         status, lost = gru_push(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), stored,
-                                *_limit(max_bits), *_arrays(plan), plan.flags[0], WORD_LIMIT,
+                                *_limit(limit), *_arrays(plan), plan.flags[0], WORD_LIMIT,
                                 out.numpy(), new_float.numpy())
         plan.done(lost, status=status)
         return new_float
 
-    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, limit, restore, prev, grad, grad_z, grad_g,
                     prev_float=None, grad_out=None):
         pop, diff = buf is not None, grad is not None
         if grad_out is not None:  # a pass over the gradient of its own on a CPU, where that launches nothing
             grad.add_(grad_out)
         stored = 0 if restore is None else restore.shape[1]
-        plan = buf.plan_pop((h.shape[1], stored)) if pop else None
+        plan = buf.plan_pop((h.shape[1], stored), limit=limit) if pop else None
         arrays, flags = (_arrays(plan), plan.flags) if pop else (_no_words(), [0])
         grads = (grad.numpy(), grad_z.numpy(), grad_g.numpy()) if diff else (_NO_FLOATS,) * 3
-        status = gru_reverse(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), *_limit(max_bits), pop,
+        status = gru_reverse(h.numpy(), pre_g.numpy(), p.numpy(), col, s.numpy(), mask.numpy(), *_limit(limit), pop,
                              _restore_array(restore, h.shape[0]), *arrays, flags[0], prev.numpy(), diff, *grads)
         if pop:
             plan.done(status)
@@ -393,26 +393,26 @@ class NumbaSteps(StepKernels):
                       inputs.numpy())
         products.accumulate(grad_read, grad_pre[:, : 2 * half], weight_zr.t())
 
-    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
-        plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored))
+    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, limit, out_h, out_c):
+        plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored), limit=limit)
         new_float = torch.empty(h.shape)
         status, lost_c, lost_h = lstm_push(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), stored,
-                                           *_limit(max_bits), *_arrays(plan), *plan.flags, WORD_LIMIT, out_h.numpy(),
+                                           *_limit(limit), *_arrays(plan), *plan.flags, WORD_LIMIT, out_h.numpy(),
                                            out_c.numpy(), new_float.numpy())
         plan.done(lost_c, lost_h, status=status)
         return new_float
 
-    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, limit, restore, prev, grad, grad_pre, read=None,
                      inputs=None, prev_float=None, grad_out=None):
         pop, diff = buf is not None, grad is not None
         if grad_out is not None:
             grad[0].add_(grad_out)
         stored = 0 if restore is None else restore.shape[1]
-        plan = buf.plan_pop((c.shape[1], 0), (h.shape[1], stored)) if pop else None
+        plan = buf.plan_pop((c.shape[1], 0), (h.shape[1], stored), limit=limit) if pop else None
         arrays, flags = (_arrays(plan), plan.flags) if pop else (_no_words(), [0, 0])
         grads = ((grad[0].numpy(), grad[1].numpy(), grad_pre.numpy(), read.numpy(), inputs.numpy()) if diff
                  else (_NO_FLOATS,) * 5)
-        status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), *_limit(max_bits), pop,
+        status = lstm_reverse(h.numpy(), c.numpy(), pre.numpy(), p.numpy(), col, mask.numpy(), *_limit(limit), pop,
                               _restore_array(restore, h.shape[0]), *arrays, *flags, prev[0].numpy(), prev[1].numpy(),
                               diff, *grads)
         if pop:

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from buffers import InformationBuffer
+from buffers import ForgetLimit, InformationBuffer
 from buffers.backends.triton_kernels import (
     COMPILE_OPTIONS,
     close_slab,
@@ -66,7 +66,7 @@ from buffers.backends.triton_kernels import (
     push_walk,
     to_float,
 )
-from buffers.fixed import FORGET_ONE, forget_multiplier, min_forget_numerator
+from buffers.fixed import FORGET_ONE
 from buffers.plans import PopPlan, SliceUpdate
 
 from . import StepKernels, activations
@@ -127,7 +127,7 @@ def gru_update(args, b, j, valid):
 
     Reference (:class:`revnmt.rnn.cells.RevGRUCell`, ``_activations`` and ``_terms``)::
 
-        z = restrict_forget(s_z, max_bits)  # s_z: σ of z's pre-activation, from the gates kernel
+        z = restrict_forget(s_z, limit)  # s_z: σ of z's pre-activation, from the gates kernel
         u = (1 - z) * torch.tanh(pre_g + p_g)
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, s_ptr, s_rs, slope = args
@@ -153,7 +153,7 @@ def lstm_cell_update(args, b, j, valid):
 
     Reference (:class:`revnmt.rnn.cells.RevLSTMCell`, ``_activations`` and ``_terms``)::
 
-        z = restrict_forget(torch.sigmoid(f), max_bits)
+        z = restrict_forget(torch.sigmoid(f), limit)
         u = torch.sigmoid(i) * torch.tanh(g)
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope = args
@@ -170,7 +170,7 @@ def lstm_hidden_update(args, b, j, valid):
 
     Reference (:class:`revnmt.rnn.cells.RevLSTMCell`, ``_activations``, ``_terms`` and ``_forward_reference``)::
 
-        z = restrict_forget(torch.sigmoid(p), max_bits)
+        z = restrict_forget(torch.sigmoid(p), limit)
         u = torch.sigmoid(o) * torch.tanh(to_float(c))  # c: the new cell
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs = args
@@ -520,15 +520,14 @@ def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
             torch.zeros(1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.int32, device=device))
 
 
-def _pops(buf: InformationBuffer | None, device: torch.device, max_bits: int | None,
-          *updates: SliceUpdate) -> tuple[PopPlan | None, list[int], tuple[torch.Tensor, ...], int]:
-    """A reverse step's books: the plan of its pops (``updates`` in push order), each update's first flag, the
-    word tensors and the smallest numerator. Without a buffer (the derivative alone) nothing is popped: no plan,
-    stand-in word tensors, and the numerator limit of ``max_bits``, which the derivative's z* also take."""
+def _pops(buf: InformationBuffer | None, device: torch.device, limit: ForgetLimit,
+          *updates: SliceUpdate) -> tuple[PopPlan | None, list[int], tuple[torch.Tensor, ...]]:
+    """A reverse step's books: the plan of its pops (``updates`` in push order), each update's first flag and the
+    word tensors. Without a buffer (the derivative alone) nothing is popped: no plan, stand-in word tensors."""
     if buf is None:
-        return None, [0] * len(updates), _no_words(device), min_forget_numerator(max_bits)
-    plan = buf.plan_pop(*updates)
-    return plan, plan.flags, plan.tensors(), plan.min_numerator
+        return None, [0] * len(updates), _no_words(device)
+    plan = buf.plan_pop(*updates, limit=limit)
+    return plan, plan.flags, plan.tensors()
 
 
 def _columns(p: torch.Tensor, col: int, pre: torch.Tensor) -> torch.Tensor:
@@ -552,44 +551,42 @@ class TritonSteps(StepKernels):
         _gru_gates_launch(read, weight, _columns(p, col, s), s, rh)
         return s
 
-    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, max_bits, out):
-        plan = buf.plan_push((h.shape[1], stored))
+    def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, limit, out):
+        plan = buf.plan_push((h.shape[1], stored), limit=limit)
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty((), dtype=torch.float64, device=h.device)
         _gru_push_launch(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *plan.tensors(), lost,
-                     lost_table(h.device), stored, plan.flags[0], plan.min_numerator, forget_multiplier(max_bits))
+                         lost_table(h.device), stored, plan.flags[0], limit.min_numerator, limit.slope)
         plan.done(lost)
         return new_float
 
-    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, max_bits, restore, prev, grad, grad_z, grad_g,
+    def gru_reverse(self, buf, h, pre_g, p, col, s, mask, limit, restore, prev, grad, grad_z, grad_g,
                     prev_float=None, grad_out=None):
-        plan, flags, words, min_numerator = _pops(buf, h.device, max_bits, (h.shape[1], _stored(restore)))
+        plan, flags, words = _pops(buf, h.device, limit, (h.shape[1], _stored(restore)))
         _gru_reverse_launch(h, pre_g, _columns(p, col, pre_g), s, mask, restore, prev, prev_float, grad, grad_out,
-                            grad_z, grad_g, *words, flags[0], min_numerator, forget_multiplier(max_bits),
-                            plan is not None)
+                            grad_z, grad_g, *words, flags[0], limit.min_numerator, limit.slope, plan is not None)
         if plan is not None:
             plan.done()
 
     def gru_read_grad(self, grad_pre, weight_zr, weight_g, read, s, grad_read, inputs):
         _gru_read_grad_launch(grad_pre, weight_zr, weight_g, read, s, grad_read, inputs)
 
-    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, max_bits, out_h, out_c):
-        plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored))
+    def lstm_push(self, buf, h, c, pre, p, col, mask, stored, limit, out_h, out_c):
+        plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored), limit=limit)
         new_float = torch.empty(h.shape, device=h.device)
         lost = torch.empty(2, dtype=torch.float64, device=h.device)
         _lstm_push_launch(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *plan.tensors(), lost,
-                      lost_table(h.device), stored, *plan.flags, plan.min_numerator, forget_multiplier(max_bits))
+                          lost_table(h.device), stored, *plan.flags, limit.min_numerator, limit.slope)
         plan.done(lost[0], lost[1])
         return new_float
 
-    def lstm_reverse(self, buf, h, c, pre, p, col, mask, max_bits, restore, prev, grad, grad_pre, read=None,
+    def lstm_reverse(self, buf, h, c, pre, p, col, mask, limit, restore, prev, grad, grad_pre, read=None,
                      inputs=None, prev_float=None, grad_out=None):
-        plan, flags, words, min_numerator = _pops(buf, h.device, max_bits, (c.shape[1], 0),
-                                                  (h.shape[1], _stored(restore)))
+        plan, flags, words = _pops(buf, h.device, limit, (c.shape[1], 0), (h.shape[1], _stored(restore)))
         grad_h, grad_c = (None, None) if grad is None else grad
         _lstm_reverse_launch(h, c, pre, _columns(p, col, pre), mask, restore, *prev, prev_float, grad_h, grad_out,
-                             grad_c, grad_pre, read, inputs, *words, *flags, min_numerator,
-                             forget_multiplier(max_bits), plan is not None)
+                             grad_c, grad_pre, read, inputs, *words, *flags, limit.min_numerator, limit.slope,
+                             plan is not None)
         if plan is not None:
             plan.done()
 

@@ -14,9 +14,8 @@ import torch
 
 from revnmt.checkpoints import (
     RESUMING,
-    TRANSLATING,
+    Checkpoint,
     CheckpointError,
-    load_checkpoint,
     numbered_checkpoint_name,
     numbered_checkpoints,
     prune_numbered_checkpoints,
@@ -25,6 +24,7 @@ from revnmt.checkpoints import (
     save_checkpoint,
     set_rng_state,
 )
+from revnmt.checkpoints.files import read_checkpoint_file
 from revnmt.data import DataOptions, Vocabulary
 from revnmt.model import ModelConfig, build_model
 
@@ -37,7 +37,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "last.pt"
     state = {"step": 7, "model": {"w": torch.arange(6.0).reshape(2, 3)}, "name": "run"}
     save_checkpoint(path, state)
-    loaded = load_checkpoint(path)
+    loaded = read_checkpoint_file(path)
     assert loaded["step"] == 7 and loaded["name"] == "run"
     assert torch.equal(loaded["model"]["w"], state["model"]["w"])
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
@@ -55,13 +55,13 @@ def test_failed_save_keeps_old_file_and_leaves_no_temp(tmp_path: Path, monkeypat
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, {"step": 2})
     monkeypatch.undo()
-    assert load_checkpoint(path) == {"step": 1}
+    assert read_checkpoint_file(path) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
 def test_missing_checkpoint_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nothing.pt"):
-        load_checkpoint(tmp_path / "nothing.pt")
+        Checkpoint.load(tmp_path / "nothing.pt")
 
 
 def test_truncated_checkpoint_gives_clear_error(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_truncated_checkpoint_gives_clear_error(tmp_path: Path) -> None:
     save_checkpoint(path, {"w": torch.zeros(1000)})
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(CheckpointError, match=r"cannot load checkpoint .*last\.pt: truncated"):
-        load_checkpoint(path)
+        Checkpoint.load(path)
 
 
 def test_rng_state_restores_every_generator() -> None:
@@ -83,7 +83,7 @@ def test_rng_state_restores_every_generator() -> None:
 def test_rng_state_survives_a_checkpoint(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "last.pt", {"rng": rng_state()})
     first = _draw()
-    set_rng_state(load_checkpoint(tmp_path / "last.pt")["rng"])
+    set_rng_state(read_checkpoint_file(tmp_path / "last.pt")["rng"])
     assert _draw() == first
 
 
@@ -119,10 +119,11 @@ def test_numbered_checkpoints_sort_by_step_and_the_oldest_are_pruned(tmp_path: P
 
 
 def _translatable(**changes) -> dict:
-    """A checkpoint to translate with, of a tiny model; ``changes`` replace its entries."""
+    """What a checkpoint file to translate with holds, of a tiny model, in format 1 (no version);
+    ``changes`` replace its entries."""
     torch.manual_seed(0)
     vocab = Vocabulary(["a", "man", "dog"])
-    config = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2, src_vocab=len(vocab),
+    config = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, src_vocab=len(vocab),
                          tgt_vocab=len(vocab))
     state = {"model_config": config.to_dict(), "model": build_model(config).state_dict(), "src_vocab": vocab.itos,
              "tgt_vocab": vocab.itos, "data": DataOptions("en", "de", lowercase=True, max_len=5).to_dict()}
@@ -150,7 +151,7 @@ def test_damaged_tensor_bytes_are_refused_naming_the_file(tmp_path: Path) -> Non
     _flip(path, record, 4096)
     with pytest.raises(CheckpointError, match=rf"^cannot load checkpoint {path}: damaged: its record {record} does "
                        "not match its CRC-32$"):
-        load_checkpoint(path)
+        Checkpoint.load(path)
 
 
 # Unpickled, this makes a folder: code a checkpoint runs when loaded without weights_only.
@@ -167,7 +168,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_whatever_the_environment_sa
     save_checkpoint(path, {**_translatable(), "trainer": _Payload(ran)})
     # In a new process's environment, as a user sets it: torch.load without weights_only=True would then
     # unpickle anything.
-    loading = f"from revnmt.checkpoints import load_checkpoint; load_checkpoint({str(path)!r})"
+    loading = f"from revnmt.checkpoints import Checkpoint; Checkpoint.load({str(path)!r})"
     done = subprocess.run([sys.executable, "-c", loading], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     assert done.returncode == 1 and not ran.exists()
@@ -200,7 +201,7 @@ def _resized(name: str) -> dict:
     (_translatable(src_vocab=[*_translatable()["src_vocab"], "a"]), "its src_vocab is not a vocabulary "
      "(duplicate vocabulary entries"),
     (_translatable(data={"src": "en"}), "its data options have no tgt, lowercase, max_len"),
-    (_translatable(model_config={"rnn": "transformer"}), "its model_config is not valid (unknown --rnn"),
+    (_translatable(model_config={"rnn": "transformer"}), "its model_config is not valid (--rnn must be one of"),
     (_translatable(model_config={"layers": 2, "colour": "red"}), "its model_config is not valid ("
      "ModelConfig.__init__() got an unexpected keyword argument 'colour')"),
     (_translatable(src_vocab=[*_translatable()["src_vocab"], "cat"]), "its src_vocab has 8 entries, its "
@@ -214,7 +215,7 @@ def test_a_file_that_is_no_revnmt_checkpoint_is_refused_naming_it(tmp_path: Path
     path = tmp_path / "foreign.pt"
     torch.save(state, path)
     with pytest.raises(CheckpointError) as refused:
-        load_checkpoint(path, needs=TRANSLATING)
+        Checkpoint.load(path)
     assert str(refused.value).startswith(f"cannot load checkpoint {path}: {message}")
 
 
@@ -222,15 +223,15 @@ def test_a_pickle_that_torch_did_not_write_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "list.pt"
     path.write_bytes(pickle.dumps([1, 2, 3]))
     with pytest.raises(CheckpointError, match="truncated, or not a checkpoint \\(not a zip archive"):
-        load_checkpoint(path)
+        Checkpoint.load(path)
 
 
 def test_resuming_needs_the_training_state_and_translating_does_not(tmp_path: Path) -> None:
     path = tmp_path / "average.pt"
     save_checkpoint(path, {**_translatable(), "args": {}})
-    assert load_checkpoint(path, needs=TRANSLATING)["args"] == {}
+    assert Checkpoint.load(path).args == {}
     with pytest.raises(CheckpointError, match="it has no optimizer, scheduler, trainer, rng\\)$"):
-        load_checkpoint(path, needs=RESUMING)
+        Checkpoint.load(path, needs=RESUMING)
 
 
 class _FailingWrites(io.BufferedWriter):

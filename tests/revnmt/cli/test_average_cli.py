@@ -10,6 +10,7 @@ import re
 import signal
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import tomllib
 import torch
 from conftest import TINY_MODEL, write_toy_corpus
 
-from revnmt.checkpoints import load_checkpoint, numbered_checkpoints, save_checkpoint
+from revnmt.checkpoints import Checkpoint, numbered_checkpoints
 from revnmt.cli import average, translate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,10 +48,10 @@ def test_the_average_of_a_runs_last_checkpoints_translates(run, tmp_path, capsys
     output = tmp_path / "average.pt"
     assert average.main([str(run), "--last", "2", "-o", str(output)]) == 0
     assert f"averaged 2 checkpoints (steps 7, 14) into {output}" in capsys.readouterr().err
-    averaged, first, last = (load_checkpoint(path) for path in (output, *kept))
-    for key, value in averaged["model"].items():
-        assert torch.allclose(value, (first["model"][key] + last["model"][key]) / 2, rtol=0, atol=1e-7)
-    assert averaged["src_vocab"] == last["src_vocab"] and averaged["args"] == last["args"]
+    averaged, first, last = (Checkpoint.load(path) for path in (output, *kept))
+    for key, value in averaged.weights.items():
+        assert torch.allclose(value, (first.weights[key] + last.weights[key]) / 2, rtol=0, atol=1e-7)
+    assert averaged.src_vocab == last.src_vocab and averaged.args == last.args
 
     (tmp_path / "in.en").write_text("A man runs in the park .\nThe small dog sleeps .\n")
     with caplog.at_level(logging.INFO):
@@ -63,7 +64,7 @@ def test_the_average_of_a_runs_last_checkpoints_translates(run, tmp_path, capsys
     for inputs in ([str(run)], [str(path) for path in kept]):
         again = tmp_path / "again.pt"
         assert average.main([*inputs, "-o", str(again)]) == 0
-        assert all(torch.equal(value, load_checkpoint(again)["model"][key]) for key, value in averaged["model"].items())
+        assert all(torch.equal(value, Checkpoint.load(again).weights[key]) for key, value in averaged.weights.items())
 
 
 def test_a_runs_checkpoints_translate_as_an_ensemble(run, tmp_path, caplog):
@@ -92,9 +93,8 @@ def test_averaging_mistakes_are_one_line_and_leave_the_inputs_alone(run, tmp_pat
     assert average.main([str(tmp_path), "-o", str(tmp_path / "a.pt")]) == 2
     assert "holds no numbered checkpoints" in _one_line_error(capsys)
 
-    other = load_checkpoint(kept[0])
-    other["src_vocab"] = other["src_vocab"][:-1]
-    save_checkpoint(tmp_path / "other.pt", other)
+    other = Checkpoint.load(kept[0])
+    replace(other, src_vocab=other.src_vocab[:-1]).save(tmp_path / "other.pt")
     assert average.main([str(kept[0]), str(tmp_path / "other.pt"), "-o", str(tmp_path / "a.pt")]) == 2
     assert f"cannot average {kept[0]} and {tmp_path / 'other.pt'}: their source vocabularies" in _one_line_error(capsys)
     assert [path.read_bytes() for path in kept] == before
@@ -132,7 +132,7 @@ def test_a_damaged_or_foreign_checkpoint_is_one_line_naming_it(run, tmp_path, ca
     kept = numbered_checkpoints(run)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(kept[0].read_bytes())
-    make(load_checkpoint(kept[0]), bad)
+    make(Checkpoint.load(kept[0]).to_dict(), bad)
     assert average.main([str(bad), "-o", str(tmp_path / "a.pt")]) == 2
     assert re.search(f"error: cannot load checkpoint {bad}: {message}", _one_line_error(capsys))
     assert sorted(os.listdir(tmp_path)) == ["bad.pt"]

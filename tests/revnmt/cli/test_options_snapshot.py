@@ -13,8 +13,8 @@ from unittest import mock
 
 import pytest
 
+from revnmt.arguments import default_device
 from revnmt.cli import average, memory, prepare, train, translate
-from revnmt.cli.options import default_device
 
 SNAPSHOT = Path(__file__).with_name("options_snapshot.json")
 COMMANDS = {"revnmt-train": train.main, "revnmt-translate": translate.main, "revnmt-memory": memory.main,

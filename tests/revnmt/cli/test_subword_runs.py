@@ -3,11 +3,12 @@ checkpoint, resuming, and the mistakes a user can make, on the toy corpus with a
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from revnmt.checkpoints import load_checkpoint, save_checkpoint
+from revnmt.checkpoints import Checkpoint
 from revnmt.cli import memory, translate
 from revnmt.data import SubwordTokenizer, Vocabulary
 
@@ -23,10 +24,10 @@ def test_a_subword_run_keeps_its_model_and_translates_raw_text_from_the_checkpoi
                                                "spm.model", "last.pt", "best.pt", "train.log", "valid.tsv",
                                                "test.hyp", "test.json"}
     model = (run / "spm.model").read_bytes()
-    checkpoint = load_checkpoint(run / "best.pt")
-    assert checkpoint["data"]["src_spm"] == checkpoint["data"]["tgt_spm"] == model
+    checkpoint = Checkpoint.load(run / "best.pt")
+    assert checkpoint.data.src_spm == checkpoint.data.tgt_spm == model
     assert Vocabulary.load(run / "src.vocab") == SubwordTokenizer(model).vocabulary()
-    assert checkpoint["src_vocab"] == checkpoint["tgt_vocab"] == SubwordTokenizer(model).vocabulary().itos
+    assert checkpoint.src_vocab == checkpoint.tgt_vocab == SubwordTokenizer(model).vocabulary().itos
     config = json.loads((run / "config.json").read_text())
     assert (config["subword"], config["vocab_size"], config["joint_vocab"], config["lowercase"]) == (
         "bpe", 400, True, False)
@@ -65,13 +66,13 @@ def test_per_language_models_are_kept_side_by_side(train, tmp_path):
     assert train(run, "--subword", "unigram", "--vocab-size", "300", "--no-joint-vocab", "--max-steps", "1") == 0
     names = {p.name for p in run.iterdir()}
     assert {"src.spm.model", "tgt.spm.model"} <= names and "spm.model" not in names
-    data = load_checkpoint(run / "last.pt")["data"]
-    assert (data["src_spm"], data["tgt_spm"]) == ((run / "src.spm.model").read_bytes(),
+    data = Checkpoint.load(run / "last.pt").data
+    assert (data.src_spm, data.tgt_spm) == ((run / "src.spm.model").read_bytes(),
                                                   (run / "tgt.spm.model").read_bytes())
     # A user's ready models: the run's own, given back with --spm-model.
     given = tmp_path / "given"
     assert train(given, "--spm-model", str(run / "src.spm.model"), str(run / "tgt.spm.model"), "--max-steps", "1") == 0
-    assert load_checkpoint(given / "last.pt")["data"] == data
+    assert Checkpoint.load(given / "last.pt").data == data
     assert TRAINED.replace("bpe", "unigram") not in (given / "train.log").read_text()
 
 
@@ -86,8 +87,8 @@ def test_resuming_reuses_the_stored_model_and_never_retrains_it(train, toy, tmp_
     assert train(run, *SUBWORD, "--max-steps", "4") == 2  # refused unless asked for (the position means nothing now)
     assert "train.en has other contents of the same size" in capsys.readouterr().err
     assert train(run, *SUBWORD, "--max-steps", "4", "--restart-epoch") == 0
-    checkpoint = load_checkpoint(run / "last.pt")
-    assert checkpoint["trainer"]["step"] == 4 and checkpoint["data"]["src_spm"] == model
+    checkpoint = Checkpoint.load(run / "last.pt")
+    assert checkpoint.step == 4 and checkpoint.data.src_spm == model
     assert (run / "spm.model").read_bytes() == model
     assert (run / "train.log").read_text().count(TRAINED) == 1 and "resumed" in capsys.readouterr().err
 
@@ -140,9 +141,8 @@ def test_a_missing_or_corrupt_model_file_is_one_line_and_nothing_is_written(trai
 def test_a_checkpoint_with_a_corrupt_model_is_refused_and_left_as_it_was(train, tmp_path, capsys):
     run = tmp_path / "run"
     assert train(run, *SUBWORD, "--max-steps", "1") == 0
-    checkpoint = load_checkpoint(run / "last.pt")
-    checkpoint["data"]["tgt_spm"] = checkpoint["data"]["tgt_spm"][:100]
-    save_checkpoint(run / "last.pt", checkpoint)
+    checkpoint = Checkpoint.load(run / "last.pt")
+    replace(checkpoint, data=replace(checkpoint.data, tgt_spm=checkpoint.data.tgt_spm[:100])).save(run / "last.pt")
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     capsys.readouterr()
     assert train(run, *SUBWORD, "--max-steps", "2") == 2

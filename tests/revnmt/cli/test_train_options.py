@@ -4,10 +4,18 @@ from dataclasses import FrozenInstanceError
 import pytest
 import torch
 
-from revnmt.cli.train import parse_args
+from revnmt.arguments import run_config as parse_args
+from revnmt.checkpoints import Checkpoint
+from revnmt.data import DataOptions
+from revnmt.model import ModelConfig
 from revnmt.training import RunConfig
 
 REQUIRED = ["--save-dir", "runs/x"]
+
+
+def _checkpoint(args: dict, model_config: ModelConfig) -> Checkpoint:
+    """A checkpoint of a run of these options, holding what RunConfig.from_checkpoint reads (no weights)."""
+    return Checkpoint(model_config, {}, [], [], DataOptions("en", "de", lowercase=False, max_len=None), args=args)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -18,7 +26,7 @@ REQUIRED = ["--save-dir", "runs/x"]
     (["--dropout", "1.0"], "--dropout must be in [0, 1)"),
     (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1), got 1.0"),
     (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
-    (["--emb-dim", "0"], "emb_dim must be positive"),
+    (["--emb-dim", "0"], "--emb-dim must be a positive integer, got 0"),
     (["--encoder", "both"], "invalid choice: 'both'"),
     (["--tie-embeddings", "--emb-dim", "256"], "--emb-dim must equal it, got 256 and 300"),
     (["--train", "data/train"], "--train and --valid go together"),
@@ -68,8 +76,8 @@ def test_defaults_depend_on_data_and_optimizer():
     assert (config.data.data, config.data.lowercase, config.training.lr, config.training.batch_size,
             config.model.max_forget_bits) == (None, False, 1.0, None, None)
     assert parse_args([*REQUIRED, "--no-lowercase"]).data.lowercase is False
-    assert parse_args([*REQUIRED, "--rnn", "lstm", "--checkpoint-steps", "auto"]).model.checkpoint_steps == "auto"
-    assert parse_args([*REQUIRED, "--rnn", "gru", "--checkpoint-steps", "8"]).model.checkpoint_steps == 8
+    assert parse_args([*REQUIRED, "--rnn", "lstm", "--checkpoint-steps", "auto"]).execution.checkpoint_steps == "auto"
+    assert parse_args([*REQUIRED, "--rnn", "gru", "--checkpoint-steps", "8"]).execution.checkpoint_steps == 8
     assert parse_args(REQUIRED).model.label_smoothing == 0.0
 
 
@@ -103,7 +111,7 @@ def test_resuming_compares_the_run_defining_options():
     assert subwords.changes_from(saved) == ["--subword none -> bpe"]
     assert parse_args([*REQUIRED, "--seed", "3", "--spm-model", "m"]).changes_from(subwords.options()) == [
         "--subword bpe -> none", "--spm-model [] -> ['m']"]
-    assert RunConfig.from_checkpoint({"args": subwords.options(), "model_config": subwords.model.to_dict()}) == subwords
+    assert RunConfig.from_checkpoint(_checkpoint(subwords.options(), subwords.model)) == subwords
 
 
 def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default():
@@ -117,7 +125,7 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default():
 def test_label_smoothing_reaches_the_model_and_fixes_the_run():
     config = parse_args([*REQUIRED, "--label-smoothing", "0.1"])
     assert config.model.label_smoothing == 0.1 and config.options()["label_smoothing"] == 0.1
-    assert RunConfig.from_checkpoint({"args": config.options(), "model_config": config.model.to_dict()}) == config
+    assert RunConfig.from_checkpoint(_checkpoint(config.options(), config.model)) == config
     # a model option: resuming with another value is refused, like --dropout
     assert parse_args(REQUIRED).changes_from(config.options()) == ["--label-smoothing 0.1 -> 0.0"]
     # checkpoints from before the option trained plain cross-entropy
@@ -126,14 +134,14 @@ def test_label_smoothing_reaches_the_model_and_fixes_the_run():
     del args["label_smoothing"], model_config["label_smoothing"]
     assert saved.changes_from(args) == []
     assert config.changes_from(args) == ["--label-smoothing 0.0 -> 0.1"]
-    assert RunConfig.from_checkpoint({"args": args, "model_config": model_config}) == saved
+    assert RunConfig.from_checkpoint(_checkpoint(args, ModelConfig(**model_config))) == saved
 
 
 def test_encoder_and_embedding_options_reach_the_model_and_fix_the_run():
     options = ["--encoder", "bidirectional", "--tie-embeddings", "--share-embeddings"]
     config = parse_args([*REQUIRED, *options])
     assert config.model.bidirectional and config.model.tie_embeddings and config.model.share_embeddings
-    assert RunConfig.from_checkpoint({"args": config.options(), "model_config": config.model.to_dict()}) == config
+    assert RunConfig.from_checkpoint(_checkpoint(config.options(), config.model)) == config
     assert parse_args(REQUIRED).changes_from(config.options()) == [
         "--encoder bidirectional -> unidirectional", "--tie-embeddings True -> False",
         "--share-embeddings True -> False"]

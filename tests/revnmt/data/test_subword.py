@@ -139,8 +139,8 @@ def test_load_data_counts_pieces_and_the_length_limit_counts_them_too(corpus):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"subword": "wordpiece"}, "subword must be none, bpe or unigram"),
-    ({"spm_model": ("a", "b", "c")}, "one SentencePiece model for both languages, or two"),
+    ({"subword": "wordpiece"}, "--subword must be one of none, bpe, unigram, got 'wordpiece'"),
+    ({"spm_model": ("a", "b", "c")}, r"--spm-model takes one model for both languages, or two \(source, target\)"),
     ({"subword": "bpe", "spm_model": ("a",)}, "not both"),
 ])
 def test_the_data_config_refuses_impossible_subword_options(options, message):

@@ -20,7 +20,7 @@ from revnmt.memory.budget import (
     synthetic_batch,
 )
 from revnmt.memory.peak import PeakMeter, release_free_memory, track_freed_memory
-from revnmt.model import ModelConfig, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, build_model
 
 CPU = torch.device("cpu")
 LENGTHS = np.repeat(np.arange(4, 31), 20)  # 20 pairs of every length from 4 to 30
@@ -31,7 +31,7 @@ def _model(rnn="revgru", attention="emb+slice", device=CPU):
     # Large enough that a step's cost stands well above the RSS's page-level noise.
     torch.manual_seed(0)
     return build_model(ModelConfig(rnn=rnn, emb_dim=128, hidden_size=256, attention=attention, slice_dim=16,
-                               src_vocab=2000, tgt_vocab=4000, buffer_lanes=4)).to(device)
+                                   src_vocab=2000, tgt_vocab=4000), ExecutionConfig(buffer_lanes=4)).to(device)
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,11 @@
 """Tests of revnmt.model.recomputed: the ordinary model's training step, with its recurrent layers recomputed."""
 
-from dataclasses import replace
 
 import pytest
 import torch
 from toy_model import Toy
 
-from revnmt.model import ModelConfig, OrdinarySeq2Seq, RecomputedSeq2Seq, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, OrdinarySeq2Seq, RecomputedSeq2Seq, build_model
 
 toy = Toy()
 
@@ -40,7 +39,7 @@ def test_the_batchs_dropout_masks_are_those_of_the_ordinary_model():
 
 def test_translation_and_validation_are_the_ordinary_models():
     ordinary = toy.model("lstm", "slice").eval()
-    checkpointed = build_model(replace(ordinary.cfg, checkpoint_steps=3)).eval()
+    checkpointed = build_model(ordinary.cfg, ExecutionConfig(checkpoint_steps=3)).eval()
     checkpointed.load_state_dict(ordinary.state_dict())
     src, src_len, tgt_in, tgt_out = toy.batch()
     assert torch.equal(ordinary.loss(src, src_len, tgt_in, tgt_out), checkpointed.loss(src, src_len, tgt_in, tgt_out))
@@ -65,8 +64,9 @@ def test_the_step_counts_what_the_checkpoints_hold():
     ({"rnn": "gru", "checkpoint_steps": "sqrt"}, "--checkpoint-steps must be a positive number of steps or auto"),
 ])
 def test_bad_checkpointing_options_are_refused(options, message):
+    rnn = options.pop("rnn")
     with pytest.raises(ValueError, match=message):
-        ModelConfig(src_vocab=10, tgt_vocab=10, **options).validate()
+        build_model(ModelConfig(rnn=rnn, src_vocab=10, tgt_vocab=10), ExecutionConfig(**options))
 
 
 def test_a_checkpointed_models_weights_load_into_the_ordinary_model():

@@ -110,7 +110,7 @@ def test_decoder_saved_bytes_do_not_grow_with_target_length():
 
     # Nothing per step but the padding mask of the target (one byte per token, like the ids). The
     # chunks of steps grow with the length up to their size, so both lengths exceed it.
-    chunk = max(PROJECTION_STEPS, model.cfg.decoder_chunk_steps)
+    chunk = max(PROJECTION_STEPS, model.execution.decoder_chunk_steps)
     short, long = chunk + 4, 3 * chunk + 4
     assert 0 <= peak(long) - peak(short) <= 2 * (long - short)
 

@@ -4,18 +4,26 @@ import pytest
 import torch
 from toy_model import Toy
 
-from revnmt.checkpoints import load_checkpoint, save_checkpoint
-from revnmt.data.vocab import BOS, PAD
+from revnmt.checkpoints import Checkpoint, save_checkpoint
+from revnmt.data import DataOptions
+from revnmt.data.vocab import BOS, PAD, SPECIALS
 from revnmt.model import (
+    ExecutionConfig,
     OrdinarySeq2Seq,
     RecomputedSeq2Seq,
     ReversibleSeq2Seq,
     Seq2Seq,
     build_model,
-    model_from_checkpoint_state,
 )
 
 toy = Toy()
+
+
+def _checkpoint(model: Seq2Seq) -> Checkpoint:
+    """A checkpoint of ``model``, with vocabularies of its sizes."""
+    vocabs = [[*SPECIALS, *(f"w{i}" for i in range(size - len(SPECIALS)))]
+              for size in (model.cfg.src_vocab, model.cfg.tgt_vocab)]
+    return Checkpoint(model.cfg, model.state_dict(), *vocabs, DataOptions("en", "de", lowercase=False, max_len=None))
 
 
 @pytest.mark.parametrize("rnn,family", [("revgru", ReversibleSeq2Seq), ("revlstm", ReversibleSeq2Seq),
@@ -23,7 +31,7 @@ toy = Toy()
 def test_the_factory_builds_the_family_of_each_rnn(rnn, family):
     model = build_model(toy.config(rnn, "emb+slice"))
     if family is OrdinarySeq2Seq:
-        assert type(build_model(toy.config(rnn, checkpoint_steps="auto"))) is RecomputedSeq2Seq
+        assert type(build_model(toy.config(rnn), ExecutionConfig(checkpoint_steps="auto"))) is RecomputedSeq2Seq
     assert type(model) is family and isinstance(model, Seq2Seq)
     with pytest.raises(TypeError):  # the shared base alone has no recurrent layers
         Seq2Seq(toy.config(rnn))
@@ -35,8 +43,8 @@ def test_a_checkpoint_state_round_trips(rnn, tmp_path):
     # checkpoints name these modules: renaming one would orphan every saved model
     assert {key.split(".")[0] for key in model.state_dict()} == {"src_emb", "tgt_emb", "encoder", "decoder",
                                                                  "attention", "generator"}
-    save_checkpoint(tmp_path / "best.pt", {"model_config": model.cfg.to_dict(), "model": model.state_dict()})
-    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt")).eval()
+    _checkpoint(model).save(tmp_path / "best.pt")
+    loaded = Checkpoint.load(tmp_path / "best.pt").trained_model().eval()
     assert type(loaded) is type(model) and loaded.cfg == model.cfg
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     src, src_len, tgt_in, tgt_out = toy.batch()
@@ -45,10 +53,10 @@ def test_a_checkpoint_state_round_trips(rnn, tmp_path):
 
 def test_a_checkpoint_from_before_label_smoothing_loads_without_it(tmp_path):
     model = toy.model("revgru", "emb+slice").eval()
-    config = model.cfg.to_dict()
-    del config["label_smoothing"]
-    save_checkpoint(tmp_path / "best.pt", {"model_config": config, "model": model.state_dict()})
-    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt"))
+    stored = _checkpoint(model).to_dict()
+    del stored["format"], stored["model_config"]["label_smoothing"]  # as written then
+    save_checkpoint(tmp_path / "best.pt", stored)
+    loaded = Checkpoint.load(tmp_path / "best.pt").trained_model()
     assert loaded.cfg.label_smoothing == 0.0 and loaded.cfg == model.cfg
 
 
@@ -77,12 +85,12 @@ def test_align_follows_the_decoding_and_points_into_each_source():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(attention="bogus"), "unknown --attention"),
+    (dict(attention="bogus"), r"--attention must be one of hidden, emb, slice, emb\+slice, got .bogus."),
     (dict(attention="slice", slice_dim=7), "slice-dim"),
-    (dict(rnn="rnn"), "unknown --rnn"),
+    (dict(rnn="rnn"), "--rnn must be one of revgru, revlstm, gru, lstm, got .rnn."),
     (dict(max_forget_bits=4), "max-forget-bits"),
     (dict(dropout=1.5), "dropout"),
-    (dict(encoder="both"), "unknown --encoder"),
+    (dict(encoder="both"), "--encoder must be one of unidirectional, bidirectional, got .both."),
     (dict(tie_embeddings=True), "emb-dim must equal"),
     (dict(share_embeddings=True), "one vocabulary"),
     (dict(label_smoothing=1.0), r"--label-smoothing must be in \[0, 1\), got 1.0"),
@@ -98,8 +106,8 @@ def test_a_bidirectional_model_round_trips_and_decodes(rnn, tmp_path):
     model = toy.model(rnn, "emb+slice", layers=2, encoder="bidirectional").eval()
     assert model.cfg.memory_dim == 8 + 2 * 3  # the embeddings and both directions' slices
     assert {key.split(".")[0] for key in model.state_dict()} >= {"encoder", "bridge"}
-    save_checkpoint(tmp_path / "best.pt", {"model_config": model.cfg.to_dict(), "model": model.state_dict()})
-    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt")).eval()
+    _checkpoint(model).save(tmp_path / "best.pt")
+    loaded = Checkpoint.load(tmp_path / "best.pt").trained_model().eval()
     src, src_len, tgt_in, tgt_out = toy.batch()
     assert torch.equal(loaded.loss(src, src_len, tgt_in, tgt_out), model.loss(src, src_len, tgt_in, tgt_out))
     enc = model.encode(src, src_len)
@@ -129,8 +137,8 @@ def test_tied_and_shared_embeddings_are_one_matrix_after_loading(tmp_path):
     joint = Toy(src_vocab=25, tgt_vocab=25)
     model = joint.model("gru", "hidden", hidden_size=8, tie_embeddings=True, share_embeddings=True)
     assert model.generator.weight is model.tgt_emb.weight is model.src_emb.weight
-    save_checkpoint(tmp_path / "best.pt", {"model_config": model.cfg.to_dict(), "model": model.state_dict()})
-    loaded = model_from_checkpoint_state(load_checkpoint(tmp_path / "best.pt"))
+    _checkpoint(model).save(tmp_path / "best.pt")
+    loaded = Checkpoint.load(tmp_path / "best.pt").trained_model()
     assert loaded.generator.weight is loaded.tgt_emb.weight is loaded.src_emb.weight
     assert torch.equal(loaded.generator.weight, model.generator.weight)
     untied = joint.model("gru", "hidden", hidden_size=8)

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from revnmt.data.vocab import BOS, EOS, PAD
-from revnmt.model import ModelConfig, Seq2Seq, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, Seq2Seq, build_model
+
+EXECUTION = {f.name for f in fields(ExecutionConfig)}
 
 
 @dataclass(frozen=True)
@@ -20,14 +22,21 @@ class Toy:
 
     def config(self, rnn: str = "revgru", attention: str = "emb+slice", layers: int = 1, dropout: float = 0.3,
                **options) -> ModelConfig:
-        options = dict(slice_dim=3, buffer_lanes=4, hidden_size=12) | options
+        options = dict(slice_dim=3, hidden_size=12) | options
         return ModelConfig(rnn=rnn, emb_dim=8, layers=layers, dropout=dropout, attention=attention,
                            src_vocab=self.src_vocab, tgt_vocab=self.tgt_vocab, **options)
 
+    @staticmethod
+    def execution(**options) -> ExecutionConfig:
+        """How the toy models compute: 4 buffer lanes unless ``options`` say otherwise."""
+        return ExecutionConfig(**(dict(buffer_lanes=4) | options))
+
     def model(self, *args, **kwargs) -> Seq2Seq:
-        """A model of :meth:`config` with seeded weights, in training mode."""
+        """A model of :meth:`config` and :meth:`execution` (the options of either, in ``kwargs``) with seeded
+        weights, in training mode."""
         torch.manual_seed(0)
-        return build_model(self.config(*args, **kwargs)).train()
+        execution = {key: kwargs.pop(key) for key in list(kwargs) if key in EXECUTION}
+        return build_model(self.config(*args, **kwargs), self.execution(**execution)).train()
 
     def batch(self, batch: int = 4, src_lens=(7, 5, 3, 2), tgt_lens=(6, 4, 5, 1), seed: int = 0):
         """(src, src_len, tgt_in, tgt_out), batch-major, padded to the longest sentence."""

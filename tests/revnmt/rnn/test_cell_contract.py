@@ -10,20 +10,21 @@ import pytest
 import torch
 from conftest import ALL_BACKENDS
 
-from buffers import to_fixed
-from revnmt.rnn.backends import resolve
+from buffers import ForgetLimit, to_fixed
+from revnmt.rnn.backends import on_device
 from revnmt.rnn.cells import REV_CELLS, Sweep, SweepWeights
 
-BATCH, INPUT, HIDDEN, STEPS, STORED, BITS = 3, 5, 8, 4, 2, 3
+BATCH, INPUT, HIDDEN, STEPS, STORED = 3, 5, 8, 4, 2
+LIMIT = ForgetLimit(3)
 LENGTHS = [STEPS, 2, 1]  # padding in every row but the first
 
 
 def _setup(family, impl, seed=0):
     device, name = torch.device(impl[0]), impl[1]
     torch.manual_seed(seed)
-    cell = REV_CELLS[family](INPUT, HIDDEN, BITS).to(device)
-    backend = resolve(name, device)
-    buffer = backend.new_buffer(BATCH, 2, device, BITS)
+    cell = REV_CELLS[family](INPUT, HIDDEN, LIMIT).to(device)
+    backend = on_device(name, device)
+    buffer = backend.new_buffer(BATCH, 2, device, LIMIT)
     sweep = Sweep(buffer, backend.steps, SweepWeights(cell), STORED)
     x = torch.randn(STEPS, BATCH, INPUT, device=device)
     mask = torch.arange(STEPS, device=device)[:, None] < torch.tensor(LENGTHS, device=device)[None]

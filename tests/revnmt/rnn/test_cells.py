@@ -3,13 +3,14 @@
 import pytest
 import torch
 
+from buffers import ForgetLimit
 from revnmt.rnn.cells import REV_CELLS, SweepWeights
 
 
 @pytest.mark.parametrize("cell", sorted(REV_CELLS))
 def test_input_weights_project_and_backpropagate_as_autograd_does(cell):
     torch.manual_seed(0)
-    layer = REV_CELLS[cell](12, 16)
+    layer = REV_CELLS[cell](12, 16, ForgetLimit(3))
     x, grad = torch.randn(3, 5, 12), torch.randn(3, 5, layer.project_width)
 
     weights = SweepWeights(layer, grads=True)

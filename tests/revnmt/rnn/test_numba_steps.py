@@ -11,13 +11,18 @@ import pytest
 import torch
 from numba import njit
 
-from buffers import InformationBuffer, forget_multiplier, to_float
+from buffers import ForgetLimit, InformationBuffer, backends, to_float
 from revnmt.rnn.backends import BACKENDS
 from revnmt.rnn.cells import RevGRUCell, RevLSTMCell, Sweep
 from revnmt.rnn.kernels import numba_steps as ns
 
-BATCH, INPUT, HIDDEN, BITS, STORED = 5, 4, 14, 3, 3
+BATCH, INPUT, HIDDEN, STORED = 5, 4, 14, 3
+LIMIT = ForgetLimit(3)
 HALF = HIDDEN // 2
+
+
+def _buffer(backend: str) -> InformationBuffer:
+    return InformationBuffer(BATCH, 2, limit=LIMIT, backend=backends.resolve(backend, "cpu"), share_rows=True)
 
 
 def _sweep(buf: InformationBuffer, stored: int = 0) -> Sweep:
@@ -60,8 +65,7 @@ def _tanh_fixed(c):
 
 
 def _buffers():
-    return [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True)
-            for backend in ("numba", "torch")]
+    return [_buffer(backend) for backend in ("numba", "torch")]
 
 
 def _assert_same_words(a, b):
@@ -90,8 +94,8 @@ STEPS = 30  # pushes enough to fill words (3 bits a push): overflow slabs and fl
 @torch.no_grad()
 def test_gru_kernels_match_the_torch_buffer_given_the_same_gates():
     torch.manual_seed(0)
-    cell = RevGRUCell(INPUT, HIDDEN, BITS)
-    slope = np.float32(forget_multiplier(BITS))
+    cell = RevGRUCell(INPUT, HIDDEN, LIMIT)
+    slope = np.float32(LIMIT.slope)
     fused, ref = _buffers()
     col = 2 * HALF  # half 0's g columns
     pushed = []
@@ -104,7 +108,7 @@ def test_gru_kernels_match_the_torch_buffer_given_the_same_gates():
         assert torch.equal(rh, s[:, HALF:] * read)
         pre_g = torch.mm(rh, cell.g[0].weight[:, INPUT:].t())
         out = torch.empty_like(h)
-        new_float = ns.NUMBA_STEPS.gru_push(fused, h, pre_g, p, col, s, MASK, STORED, BITS, out)
+        new_float = ns.NUMBA_STEPS.gru_push(fused, h, pre_g, p, col, s, MASK, STORED, LIMIT, out)
         z, u = (torch.from_numpy(a) for a in _gru_terms(s.numpy(), pre_g.numpy(), p.numpy(), col, slope))
         want = ref.push_update(h, z, u, MASK, STORED)
         assert torch.equal(out, want) and torch.equal(new_float, to_float(want))
@@ -113,7 +117,7 @@ def test_gru_kernels_match_the_torch_buffer_given_the_same_gates():
     for h, out, pre_g, p, s, z, u in reversed(pushed):
         restore = h[:, :STORED]
         prev, prev_float = torch.empty_like(out), torch.empty(out.shape)
-        ns.NUMBA_STEPS.gru_reverse(fused, out, pre_g, p, col, s, MASK, BITS, restore, prev, None, None, None,
+        ns.NUMBA_STEPS.gru_reverse(fused, out, pre_g, p, col, s, MASK, LIMIT, restore, prev, None, None, None,
                                    prev_float)
         want = ref.pop_update(out, z, u, MASK, STORED)
         want[:, :STORED] = restore
@@ -125,8 +129,8 @@ def test_gru_kernels_match_the_torch_buffer_given_the_same_gates():
 @torch.no_grad()
 def test_lstm_kernels_match_the_torch_buffer_given_the_same_gates():
     torch.manual_seed(0)
-    cell = RevLSTMCell(INPUT, HIDDEN, BITS)
-    slope = np.float32(forget_multiplier(BITS))
+    cell = RevLSTMCell(INPUT, HIDDEN, LIMIT)
+    slope = np.float32(LIMIT.slope)
     fused, ref = _buffers()
     col = 5 * HALF  # half 1's gates
     pushed = []
@@ -135,7 +139,7 @@ def test_lstm_kernels_match_the_torch_buffer_given_the_same_gates():
         h, c = state[:, HALF:HIDDEN], state[:, HIDDEN + HALF:]
         pre = torch.mm(to_float(state[:, :HALF]), cell.gates[1].weight[:, INPUT:].t())
         out_h, out_c = torch.empty_like(h), torch.empty_like(c)
-        new_float = ns.NUMBA_STEPS.lstm_push(fused, h, c, pre, p, col, MASK, STORED, BITS, out_h, out_c)
+        new_float = ns.NUMBA_STEPS.lstm_push(fused, h, c, pre, p, col, MASK, STORED, LIMIT, out_h, out_c)
         f, g, i, o, sp = torch.from_numpy(_lstm_acts(pre.numpy(), p.numpy(), col)).chunk(5, 1)
         f, sp = (torch.from_numpy(_restrict(a.contiguous().numpy(), slope)) for a in (f, sp))
         want_c = ref.push_update(c, f, i * g, MASK)
@@ -147,8 +151,8 @@ def test_lstm_kernels_match_the_torch_buffer_given_the_same_gates():
     for h, c, out_h, out_c, pre, p, f, u_c, sp, u_h in reversed(pushed):
         restore = h[:, :STORED]
         prev_h, prev_c, prev_float = torch.empty_like(out_h), torch.empty_like(out_c), torch.empty(out_h.shape)
-        ns.NUMBA_STEPS.lstm_reverse(fused, out_h, out_c, pre, p, col, MASK, BITS, restore, (prev_h, prev_c), None, None,
-                                    prev_float=prev_float)
+        ns.NUMBA_STEPS.lstm_reverse(fused, out_h, out_c, pre, p, col, MASK, LIMIT, restore, (prev_h, prev_c), None,
+                                    None, prev_float=prev_float)
         want_h = ref.pop_update(out_h, sp, u_h, MASK, STORED)
         want_h[:, :STORED] = restore
         want_c = ref.pop_update(out_c, f, u_c, MASK)
@@ -164,8 +168,8 @@ def test_reverse_int_then_backward_step_equals_reverse_diff(cell_type, backend):
     # The decoder's chunked reverse pops a chunk of steps first and differentiates them afterwards, from the
     # gates the pop kept (fused kernels) or recomputed: both must give what the one-pass step does, bit for bit.
     torch.manual_seed(0)
-    cell = cell_type(INPUT, HIDDEN, BITS)
-    bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(3)]
+    cell = cell_type(INPUT, HIDDEN, LIMIT)
+    bufs = [_buffer(backend) for _ in range(3)]
     p, start = _inputs(cell, 0)
     new = [cell.forward_int(p, start, MASK, _sweep(buf, STORED)) for buf in bufs]
     assert torch.equal(new[0], new[1]) and torch.equal(new[0], new[2])
@@ -199,9 +203,9 @@ def test_an_output_gradient_given_apart_is_added_to_the_state_gradient(cell_type
     # A decoder's loss gradient on a step's output goes to the reverse step as ``grad_out`` (the fused kernels add
     # it as they read the state gradient, saving a launch): the same as adding it to the h columns beforehand.
     torch.manual_seed(3)
-    cell = cell_type(INPUT, HIDDEN, BITS)
+    cell = cell_type(INPUT, HIDDEN, LIMIT)
     p, start = _inputs(cell, 0)
-    bufs = [InformationBuffer(BATCH, 2, max_bits=BITS, backend=backend, share_rows=True) for _ in range(2)]
+    bufs = [_buffer(backend) for _ in range(2)]
     new = [cell.forward_int(p, start, MASK, _sweep(buf)) for buf in bufs]
     grad, grad_out = torch.randn(BATCH, cell.state_size), torch.randn(BATCH, HIDDEN)
     summed = grad.clone()
@@ -221,10 +225,9 @@ def test_fused_and_reference_derivatives_agree_on_the_same_states(cell_type):
     # Given the same exact states, the fused kernels' hand-written derivative and the torch reference's
     # differ only by their gates' last ulp.
     torch.manual_seed(0)
-    cell = cell_type(INPUT, HIDDEN, BITS)
+    cell = cell_type(INPUT, HIDDEN, LIMIT)
     p, prev = _inputs(cell, 1)
-    new = cell.forward_int(p, prev, MASK,
-                           _sweep(InformationBuffer(BATCH, 2, max_bits=BITS, backend="numba", share_rows=True)))
+    new = cell.forward_int(p, prev, MASK, _sweep(_buffer("numba")))
     grad = torch.randn(BATCH, cell.state_size)
     results = []
     for backend in ("numba", "torch"):

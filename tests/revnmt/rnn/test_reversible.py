@@ -6,6 +6,7 @@ import torch
 from conftest import FAST_BACKENDS, INTERPRETED_TRITON
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import buffers
 from buffers import FixedPointOverflowError
 from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput
 
@@ -220,6 +221,22 @@ def test_lanes_default_to_few_on_cpu_and_evenly_loaded():
     assert rnn.new_buffer(2, torch.device("cpu")).units == 3
     # 150 columns asked onto 16 lanes: 10 chunks, so 15 lanes, each taking one column per chunk
     assert ReversibleRNN("revgru", 4, 300, buffer_lanes=16).new_buffer(2, torch.device("cpu")).units == 15
+
+
+def test_the_backend_is_resolved_once_per_device_not_per_batch(monkeypatch):
+    # Every sweep makes a buffer; each takes the layer's backend object as it is, resolved when the layer first
+    # ran on the device: no name is looked up per batch.
+    resolve, calls = buffers.backends.resolve, []
+    monkeypatch.setattr(buffers.backends, "resolve", lambda name, device: calls.append(name) or resolve(name, device))
+    rnn, x, mask, w_out, w_fin, w_slice = _problem("revgru", 2, 5)
+    backend = rnn.backend_on(torch.device("cpu"))
+    for _ in range(3):
+        tape = rnn.forward_sweep(TensorInput(x), mask)
+        rnn.backward_sweep(tape, TensorInput(x), grad_final=w_fin, output_grads=lambda s, out: w_out[s],
+                           slice_grad=w_slice)
+        assert tape.backend is backend and tape.buffer.backend is backend.buffer
+        rnn.forward_autograd(x, mask)
+    assert calls == ["auto"]
 
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])

@@ -22,8 +22,7 @@ import torch
 from conftest import HAS_CUDA, HAS_TRITON
 from test_reversible import _assert_close, _autograd_grads, _problem, _reversal_grads
 
-from buffers import InformationBuffer, to_float
-from buffers.fixed import forget_multiplier
+from buffers import ForgetLimit, InformationBuffer, backends, to_float
 from revnmt.profiling.launches import LaunchCounter
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
@@ -70,14 +69,15 @@ if HAS_TRITON:
 
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-B, H, STORED, MAX_BITS = 5, 6, 2, 3
+B, H, STORED = 5, 6, 2
+LIMIT = ForgetLimit(3)
 
 
 def _gate_terms(kind, pre, proj, aux):
     """(z, u) of update ``kind`` from the kernels' own gate functions."""
     z, u = (torch.empty(B, H, device=DEVICE) for _ in range(2))
     _terms_kernel[(1,)](pre, pre.stride(0), proj, proj.stride(0), aux, aux.stride(0), z, u, B, H,
-                        forget_multiplier(MAX_BITS), KIND=kind, BLOCK=triton.next_power_of_2(B * H),
+                        LIMIT.slope, KIND=kind, BLOCK=triton.next_power_of_2(B * H),
                         **COMPILE_OPTIONS)  # as the fused kernels are compiled: no FMA contraction on a GPU
     return z, u
 
@@ -85,8 +85,11 @@ def _gate_terms(kind, pre, proj, aux):
 def _buffers():
     """A triton and a torch buffer alike: one lane per row, so an update makes a push per column and the
     slab overflows within a few steps (the tests' forget gates are small)."""
-    return [InformationBuffer(B, 1, DEVICE, MAX_BITS, backend=backend, eager_checks=False)
-            for backend in ("triton", "torch")]
+    return [_buffer(B, 1, backend) for backend in ("triton", "torch")]
+
+
+def _buffer(batch: int, units: int, backend: str = "triton") -> InformationBuffer:
+    return InformationBuffer(batch, units, DEVICE, LIMIT, backend=backends.resolve(backend, DEVICE), eager_checks=False)
 
 
 def _assert_same_words(a: InformationBuffer, b: InformationBuffer):
@@ -121,7 +124,7 @@ def test_gru_kernels_make_the_torch_references_integers():
         stored = STORED * (t % 2)  # with and without stored columns
         want = ref.push_update(h, z, u, mask, stored)
         out = torch.empty_like(h)
-        new_float = TRITON_STEPS.gru_push(ours, h, pre_g, p, 5 * H, s, mask, stored, MAX_BITS, out)
+        new_float = TRITON_STEPS.gru_push(ours, h, pre_g, p, 5 * H, s, mask, stored, LIMIT, out)
         assert torch.equal(out, want) and torch.equal(new_float, to_float(out))
         _assert_same_words(ours, ref)
         saved.append((pre_g, p, s, stored))
@@ -139,18 +142,18 @@ def test_gru_kernels_make_the_torch_references_integers():
             want[:, :stored] = restore
         got_grad = grad.clone()
         prev, prev_float = torch.empty_like(h), torch.empty(B, H, device=DEVICE)
-        TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, got_grad, grad_z, grad_g,
+        TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, LIMIT, restore, prev, got_grad, grad_z, grad_g,
                                  prev_float)
         assert torch.equal(prev, want) and torch.equal(prev, states[t]) and torch.equal(prev_float, to_float(want))
         _assert_same_words(ours, ref)
         # The derivative alone, from the given previous half (backward_step), is the same.
         again, again_float = (grad.clone(), torch.empty_like(grad_z), torch.empty_like(grad_g)), torch.empty_like(grad)
-        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *again, again_float)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, LIMIT, restore, prev, *again, again_float)
         assert all(torch.equal(a, b) for a, b in zip(again, (got_grad, grad_z, grad_g)))
         assert torch.equal(again_float, prev_float)
         # The output's gradient given apart (``grad_out``) is added as the gradient is read: 0 + grad is grad.
         apart = torch.zeros_like(grad), torch.empty_like(grad_z), torch.empty_like(grad_g)
-        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, MAX_BITS, restore, prev, *apart, grad_out=grad)
+        TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, LIMIT, restore, prev, *apart, grad_out=grad)
         assert all(torch.equal(a, b) for a, b in zip(apart, (got_grad, grad_z, grad_g)))
         h = prev
     assert ours.is_empty() and ref.is_empty()
@@ -222,7 +225,7 @@ def test_lstm_kernels_make_the_torch_references_integers():
         want_h = ref.push_update(h, z_h, u_h, mask, stored)
         out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)  # as the cell's state: [h | c] of one tensor
         out_h, out_c = out.split(H, 1)
-        new_float = TRITON_STEPS.lstm_push(ours, h, c, pre, p, 5 * H, mask, stored, MAX_BITS, out_h, out_c)
+        new_float = TRITON_STEPS.lstm_push(ours, h, c, pre, p, 5 * H, mask, stored, LIMIT, out_h, out_c)
         assert torch.equal(out_c, want_c) and torch.equal(out_h, want_h) and torch.equal(new_float, to_float(out_h))
         _assert_same_words(ours, ref)
         saved.append((pre, p, stored))
@@ -244,7 +247,7 @@ def test_lstm_kernels_make_the_torch_references_integers():
         prev = torch.empty_like(h), torch.empty_like(c)
         read, slot = torch.randn(B, H, device=DEVICE), torch.empty(B, H, device=DEVICE)
         prev_float = torch.empty(B, H, device=DEVICE)
-        TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, got_grad, grad_pre, read,
+        TRITON_STEPS.lstm_reverse(ours, h, c, pre, p, 5 * H, mask, LIMIT, restore, prev, got_grad, grad_pre, read,
                                   slot, prev_float)
         assert torch.equal(slot, read)  # the weight gradient's input, copied by the kernel
         assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
@@ -253,12 +256,12 @@ def test_lstm_kernels_make_the_torch_references_integers():
         _assert_same_words(ours, ref)
         again, again_pre = tuple(g.clone() for g in grad), torch.empty_like(grad_pre)
         again_float = torch.empty_like(slot)
-        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, again, again_pre, read,
+        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, LIMIT, restore, prev, again, again_pre, read,
                                   torch.empty_like(slot), again_float)
         assert all(torch.equal(a, b) for a, b in zip(again + (again_pre,), got_grad + (grad_pre,)))
         assert torch.equal(again_float, prev_float)
         apart, apart_pre = (torch.zeros_like(grad[0]), grad[1].clone()), torch.empty_like(grad_pre)
-        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, MAX_BITS, restore, prev, apart, apart_pre, read,
+        TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, LIMIT, restore, prev, apart, apart_pre, read,
                                   torch.empty_like(slot), grad_out=grad[0])  # h's output gradient given apart
         assert all(torch.equal(a, b) for a, b in zip(apart + (apart_pre,), got_grad + (grad_pre,)))
         h, c = prev
@@ -289,38 +292,38 @@ def test_activations_are_the_numba_kernels_bit_for_bit():
 def test_each_kernel_is_one_launch():
     # What benchmarks/layers.py --count-kernels counts: a fused step is one Triton launch, and its host-side books
     # dispatch nothing that launches (allocations and views only).
-    buf = InformationBuffer(B, 2, DEVICE, MAX_BITS, backend="triton", eager_checks=False)
+    buf = _buffer(B, 2)
     h = torch.zeros(B, H, dtype=torch.int32, device=DEVICE)
     pre, proj, mask = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 5 * H, device=DEVICE), _mask()
     out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)
-    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))  # builds the device's tables
+    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, LIMIT, *out.split(H, 1))  # builds the device's tables
     with LaunchCounter() as launches:
-        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, MAX_BITS, *out.split(H, 1))
+        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, mask, 0, LIMIT, *out.split(H, 1))
     assert launches.names == ["_lstm_push_kernel"]
     assert BACKENDS["triton"].steps is TRITON_STEPS
 
 
 def test_a_mask_of_strided_rows_is_refused():
     # A step's row of a transposed [T, B] mask: the kernels read B adjacent booleans, so they would read others.
-    buf = InformationBuffer(B, 2, DEVICE, MAX_BITS, backend="triton", eager_checks=False)
+    buf = _buffer(B, 2)
     h = torch.zeros(B, H, dtype=torch.int32, device=DEVICE)
     pre, proj = torch.randn(B, 5 * H, device=DEVICE), torch.randn(B, 5 * H, device=DEVICE)
     out = torch.empty(B, 2 * H, dtype=torch.int32, device=DEVICE)
     strided = torch.ones(B, 3, dtype=torch.bool, device=DEVICE)[:, 0]
     with pytest.raises(ValueError, match="adjacent rows"):
-        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, strided, 0, MAX_BITS, *out.split(H, 1))
+        TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, strided, 0, LIMIT, *out.split(H, 1))
 
 
 def test_a_one_row_mask_is_taken_whatever_its_stride():
     # A one-sentence batch (the budget planner probes one): its [T, 1] mask is contiguous to torch, so a step's
     # row keeps the stride T of the batch-major mask it was transposed from. One row reads one boolean.
-    buf = InformationBuffer(1, 2, DEVICE, MAX_BITS, backend="triton", eager_checks=False)
+    buf = _buffer(1, 2)
     h = torch.zeros(1, H, dtype=torch.int32, device=DEVICE)
     pre, proj = torch.randn(1, 5 * H, device=DEVICE), torch.randn(1, 5 * H, device=DEVICE)
     out = torch.empty(1, 2 * H, dtype=torch.int32, device=DEVICE)
     row = torch.ones(1, 4, dtype=torch.bool, device=DEVICE).t().contiguous()[0]
     assert row.stride(0) == 4
-    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, row, 0, MAX_BITS, *out.split(H, 1))
+    TRITON_STEPS.lstm_push(buf, h, h, pre, proj, 0, row, 0, LIMIT, *out.split(H, 1))
     assert buf.pushes > 0
 
 

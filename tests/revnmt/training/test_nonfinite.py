@@ -11,10 +11,10 @@ import torch
 
 import revnmt.training.trainer as trainer_module
 from buffers import FixedPointOverflowError
-from revnmt.checkpoints import load_checkpoint, save_checkpoint
-from revnmt.cli.train import build_parser
+from revnmt.arguments import build_parser
+from revnmt.checkpoints import Checkpoint, save_checkpoint
 from revnmt.data import DataConfig, load_data, make_batch
-from revnmt.model import ModelConfig, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.training import RunConfig, Trainer, TrainingConfig
 from revnmt.training.schedule import build_optimizer
 from revnmt.training.trainer import Validation, clip_and_step, compute_gradients
@@ -70,7 +70,8 @@ def _reversible(toy) -> tuple[torch.nn.Module, object, object]:
     data = load_data(DataConfig(train=toy["train"], valid=toy["valid"], min_freq=1))
     torch.manual_seed(0)
     model = build_model(ModelConfig(rnn="revgru", emb_dim=16, hidden_size=16, attention="emb+slice", slice_dim=4,
-                                    buffer_lanes=4, src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)))
+                                    src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)),
+                        ExecutionConfig(buffer_lanes=4))
     with torch.no_grad():
         for param in model.parameters():
             param.fill_(math.nan)  # diverged weights: the fixed-point state leaves its range at once
@@ -121,16 +122,17 @@ def test_skipped_updates_are_logged_and_the_run_goes_on(train, tmp_path, monkeyp
         in caplog.text
     assert "batch 2 of epoch 1 (step 3): non-finite loss or gradients; the update was skipped (2 in a row)" \
         in caplog.text
-    checkpoint = load_checkpoint(run / "last.pt")
-    assert checkpoint["trainer"]["step"] == 6 and checkpoint["trainer"]["nonfinite_in_a_row"] == 0
-    assert all(int(state["step"]) == 4 for state in checkpoint["optimizer"]["state"].values())  # 2 never made
+    training = Checkpoint.load(run / "last.pt").training
+    assert training.trainer.step == 6 and training.trainer.nonfinite_in_a_row == 0
+    assert all(int(state["step"]) == 4 for state in training.optimizer["state"].values())  # 2 never made
     assert (run / "best.pt").exists()
 
-    # A checkpoint from before the count existed resumes.
-    del checkpoint["trainer"]["nonfinite_in_a_row"]
-    save_checkpoint(run / "last.pt", checkpoint)
+    # A checkpoint from before the count existed (and before checkpoints had a format version) resumes.
+    stored = Checkpoint.load(run / "last.pt").to_dict()
+    del stored["format"], stored["trainer"]["nonfinite_in_a_row"]
+    save_checkpoint(run / "last.pt", stored)
     assert train(run, "--max-steps", "7") == 0
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 7
+    assert Checkpoint.load(run / "last.pt").step == 7
 
 
 def test_max_nonfinite_updates_in_a_row_stop_the_run_and_the_count_resumes(train, tmp_path, monkeypatch, capsys):
@@ -142,9 +144,9 @@ def test_max_nonfinite_updates_in_a_row_stop_the_run_and_the_count_resumes(train
                                          "gradients (--max-nonfinite 3); the checkpoint of step 4 is kept (resuming "
                                          "with a lower --lr or --clip may avoid the fault)")
     assert "Traceback" not in err and not (run / "best.pt").exists()
-    checkpoint = load_checkpoint(run / "last.pt")
-    assert checkpoint["trainer"]["step"] == 4 and checkpoint["trainer"]["nonfinite_in_a_row"] == 2
-    assert all(torch.isfinite(weights).all() for weights in checkpoint["model"].values())
+    checkpoint = Checkpoint.load(run / "last.pt")
+    assert checkpoint.step == 4 and checkpoint.training.trainer.nonfinite_in_a_row == 2
+    assert all(torch.isfinite(weights).all() for weights in checkpoint.weights.values())
 
     # The count goes on in the resumed run: two more skipped updates make 4 in a row.
     assert train(run, "--max-steps", "20", "--save-every", "1", "--max-nonfinite", "4") == 1
@@ -164,7 +166,7 @@ def test_non_finite_weights_stop_the_run_before_they_are_saved(train, tmp_path, 
     err = capsys.readouterr().err
     assert err.splitlines()[-1].endswith("training diverged at step 4: the weights are not finite; the checkpoint of "
                                          "step 2 is kept (resuming with a lower --lr or --clip may avoid the fault)")
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 2 and not (run / "best.pt").exists()
+    assert Checkpoint.load(run / "last.pt").step == 2 and not (run / "best.pt").exists()
 
 
 def test_a_non_finite_dev_score_never_makes_best(train, tmp_path, monkeypatch, caplog):
@@ -175,7 +177,7 @@ def test_a_non_finite_dev_score_never_makes_best(train, tmp_path, monkeypatch, c
         assert train(run, "--epochs", "3") == 0  # 7 batches an epoch: validations at steps 7, 14, 21
     assert "step 7: dev loss nan | ppl nan | BLEU 50.00 (not finite) (best -1.00 at step 0)" in caplog.text
     assert "step 14: dev loss 1.000 | ppl 2.72 | BLEU inf (not finite) (best -1.00 at step 0)" in caplog.text
-    assert load_checkpoint(run / "best.pt")["trainer"]["step"] == 21  # the first finite validation
+    assert Checkpoint.load(run / "best.pt").step == 21  # the first finite validation
 
 
 def test_max_nonfinite_may_change_on_resume_and_says_so_in_help():

@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import TINY_MODEL
 
-from revnmt.checkpoints import load_checkpoint
+from revnmt.checkpoints import Checkpoint
 from revnmt.cli.train import main
 from revnmt.data import load_data
 from revnmt.model import ReversibleSeq2Seq, build_model
@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[3]
 FAST = ["--lr", "0.02"]  # large enough steps for the dev loss to fall clearly within two epochs
 
 
-def _untrained_dev_loss(checkpoint: dict, tmp_path: Path) -> tuple[float, dict]:
+def _untrained_dev_loss(checkpoint: Checkpoint, tmp_path: Path) -> tuple[float, dict]:
     """Dev loss and weights of the model the run started from (same options, same seed)."""
     config = RunConfig.from_checkpoint(checkpoint)
     config = replace(config, training=replace(config.training, save_dir=str(tmp_path)))
-    data = load_data(config.data, vocab_tokens=(checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    data = load_data(config.data, vocab_tokens=(checkpoint.src_vocab, checkpoint.tgt_vocab))
     torch.manual_seed(config.training.seed)
     model = build_model(config.model)
     return Trainer(config, data, model).evaluate().loss, model.state_dict()
@@ -49,8 +49,8 @@ def test_hogwild_workers_share_the_updates_and_the_loss_falls(train, tmp_path):
     run = tmp_path / "hogwild"
     assert train(run, "--hogwild", "2", "--epochs", "2", *FAST) == 0
 
-    checkpoint = load_checkpoint(run / "last.pt")
-    assert checkpoint["trainer"]["step"] == 14 and checkpoint["trainer"]["epoch"] == 3  # 7 batches per epoch
+    checkpoint = Checkpoint.load(run / "last.pt")
+    assert checkpoint.step == 14 and checkpoint.training.trainer.epoch == 3  # 7 batches per epoch
     log = (run / "train.log").read_text()
     # worker w trains batches w, w + 2, ...: 4 and 3 of the 7, and each reported update was applied
     assert log.count("updates by Hogwild worker 0: 4, 1: 3") == 2
@@ -58,7 +58,7 @@ def test_hogwild_workers_share_the_updates_and_the_loss_falls(train, tmp_path):
     untrained_loss, untrained = _untrained_dev_loss(checkpoint, tmp_path)
     dev_losses = [float(row.split("\t")[2]) for row in (run / "valid.tsv").read_text().splitlines()[1:]]
     assert dev_losses[-1] < untrained_loss - 0.3, (untrained_loss, dev_losses)
-    changed = [name for name, weights in checkpoint["model"].items() if not torch.equal(weights, untrained[name])]
+    changed = [name for name, weights in checkpoint.weights.items() if not torch.equal(weights, untrained[name])]
     assert changed == list(untrained)  # every shared tensor got updates
     _translates(run)
 
@@ -86,10 +86,10 @@ def test_failing_or_killed_hogwild_worker_stops_the_run_and_keeps_last_checkpoin
     run = tmp_path / "crash"
     assert train(run, "--max-steps", "1") == 0  # a good last.pt, from one process (Hogwild resumes it)
     saved = (run / "last.pt").read_bytes()
-    checkpoint = load_checkpoint(run / "last.pt")
+    checkpoint = Checkpoint.load(run / "last.pt")
     config = RunConfig.from_checkpoint(checkpoint)
     config = replace(config, training=replace(config.training, hogwild=2, max_steps=5))
-    data = load_data(config.data, vocab_tokens=(checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    data = load_data(config.data, vocab_tokens=(checkpoint.src_vocab, checkpoint.tgt_vocab))
     for model_class, message in ((RaisingInWorker1, r"(?s)Hogwild worker 1 failed:\nTraceback .*RuntimeError: "
                                                     r"injected failure"),
                                  (KilledInWorker1, r"Hogwild worker 1 \(pid \d+\) was killed by SIGKILL")):
@@ -124,10 +124,10 @@ def test_hogwild_workers_skip_their_own_non_finite_updates(train, tmp_path, capl
     run = tmp_path / "nonfinite"
     assert train(run, "--max-steps", "1") == 0  # a good last.pt, from one process (Hogwild resumes it)
     saved = (run / "last.pt").read_bytes()
-    checkpoint = load_checkpoint(run / "last.pt")
+    checkpoint = Checkpoint.load(run / "last.pt")
     config = RunConfig.from_checkpoint(checkpoint)
     config = replace(config, training=replace(config.training, hogwild=2, max_steps=7))
-    data = load_data(config.data, vocab_tokens=(checkpoint["src_vocab"], checkpoint["tgt_vocab"]))
+    data = load_data(config.data, vocab_tokens=(checkpoint.src_vocab, checkpoint.tgt_vocab))
 
     trainer = HogwildTrainer(config, data, NonFiniteInWorker1(config.model))
     trainer.restore(checkpoint)
@@ -137,9 +137,9 @@ def test_hogwild_workers_skip_their_own_non_finite_updates(train, tmp_path, capl
     skips = re.findall(r"Hogwild worker (\d) \(step \d+\): non-finite loss or gradients; the update was skipped",
                        caplog.text)
     assert skips == ["1"] * 3 and "updates by Hogwild worker 0: 3, 1: 3" in caplog.text
-    weights = load_checkpoint(run / "last.pt")["model"]
+    weights = Checkpoint.load(run / "last.pt").weights
     assert all(torch.isfinite(w).all() for w in weights.values())
-    assert any(not torch.equal(w, checkpoint["model"][name]) for name, w in weights.items())
+    assert any(not torch.equal(w, checkpoint.weights[name]) for name, w in weights.items())
 
     (run / "last.pt").write_bytes(saved)
     config = replace(config, training=replace(config.training, max_nonfinite=3))
@@ -188,11 +188,11 @@ def test_torchrun_ranks_train_identical_weights(toy, tmp_path):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
 
-    checkpoint = load_checkpoint(run / "last.pt")
+    checkpoint = Checkpoint.load(run / "last.pt")
     # 2 epochs of 7 batches: 3 updates of 2 batches each (the 7th is left out so both ranks take part)
-    assert checkpoint["trainer"]["step"] == 6
+    assert checkpoint.step == 6
     digest = re.search(r"weights identical on all 2 ranks: SHA-256 (\w+)", (run / "train.log").read_text())
-    assert digest and digest.group(1) == state_digest(checkpoint["model"])  # rank 1's weights = rank 0's checkpoint
+    assert digest and digest.group(1) == state_digest(checkpoint.weights)  # rank 1's weights = rank 0's checkpoint
     assert "[rank 0]" in result.stderr and "[rank 1]" not in result.stderr  # rank 1 logs warnings only
     _translates(run)
 
@@ -200,7 +200,7 @@ def test_torchrun_ranks_train_identical_weights(toy, tmp_path):
 def test_checkpointed_ordinary_models_train_with_hogwild_workers_and_torchrun_ranks(train, toy, tmp_path):
     checkpointed = ["--rnn", "gru", "--attention", "emb+slice", "--checkpoint-steps", "auto"]
     assert train(tmp_path / "hogwild", *checkpointed, "--hogwild", "2", "--max-steps", "3") == 0
-    assert load_checkpoint(tmp_path / "hogwild" / "last.pt")["model_config"]["checkpoint_steps"] == "auto"
+    assert Checkpoint.load(tmp_path / "hogwild" / "last.pt", needs=("args",)).args["checkpoint_steps"] == "auto"
     run = tmp_path / "ranks"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(_free_port()), "train.py", "--train", toy["train"], "--valid", toy["valid"],

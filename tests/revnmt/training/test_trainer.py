@@ -1,19 +1,26 @@
 import json
 import logging
+from dataclasses import replace
 
+import pytest
 import torch
 
-from revnmt.checkpoints import load_checkpoint, numbered_checkpoints, save_checkpoint
-from revnmt.data import DataConfig, Vocabulary, load_data, make_batch
+from revnmt.checkpoints import RESUMING, Checkpoint, numbered_checkpoints, save_checkpoint
+from revnmt.checkpoints.files import read_checkpoint_file
+from revnmt.data import DataConfig, DataOptions, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import ModelConfig, RecomputedSeq2Seq, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.rnn import ReversalError
 from revnmt.training.trainer import VALID_COLUMNS, compute_gradients
 from revnmt.translation.translator import Translator
 
-CHECKPOINT_KEYS = {"model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler", "trainer",
-                   "rng", "args", "memory_plan", "data_fingerprint"}
+# What a trained checkpoint's file holds (and "memory_plan", with a --memory-budget).
+CHECKPOINT_KEYS = {"format", "model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler",
+                   "trainer", "rng", "args", "data_fingerprint"}
+# What Trainer.checkpoint() wrote before checkpoints had a format version (format 1), in its order.
+FORMAT_1_KEYS = ("model_config", "model", "src_vocab", "tgt_vocab", "data", "data_fingerprint", "optimizer",
+                 "scheduler", "trainer", "rng", "args", "memory_plan")
 
 
 def _same_tensors(a, b) -> bool:
@@ -27,24 +34,29 @@ def _same_tensors(a, b) -> bool:
     return a == b
 
 
-def test_interrupted_run_resumes_exactly(train, tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "format-1"])
+def test_interrupted_run_resumes_exactly(train, tmp_path, legacy):
     # 7 batches per epoch: the run is cut inside epoch 1 and continues past an end-of-epoch
     # validation (LR schedule, patience) into epoch 2; dropout draws from the restored RNG.
     options = ["--dropout", "0.3", "--epochs", "3"]
     assert train(tmp_path / "cut", *options, "--max-steps", "3") == 0
-    assert load_checkpoint(tmp_path / "cut" / "last.pt")["trainer"]["step"] == 3
+    assert Checkpoint.load(tmp_path / "cut" / "last.pt").step == 3
+    if legacy:  # as revnmt wrote it before checkpoints had a format version
+        stored = read_checkpoint_file(tmp_path / "cut" / "last.pt")
+        save_checkpoint(tmp_path / "cut" / "last.pt", {key: stored.get(key) for key in FORMAT_1_KEYS})
     assert train(tmp_path / "cut", *options, "--max-steps", "10") == 0
     assert train(tmp_path / "whole", *options, "--max-steps", "10") == 0
 
-    cut, whole = (load_checkpoint(tmp_path / run / "last.pt") for run in ("cut", "whole"))
-    assert _same_tensors(cut["model"], whole["model"])
-    assert _same_tensors(cut["optimizer"], whole["optimizer"])
-    assert cut["scheduler"] == whole["scheduler"]
-    assert _same_tensors(cut["rng"], whole["rng"])
-    for state in (cut["trainer"], whole["trainer"]):
-        # Times differ between runs; the extra validation may find a best.
-        del state["elapsed_s"], state["train_s"], state["best_bleu"], state["best_step"]
-    assert cut["trainer"] == whole["trainer"] == {**cut["trainer"], "epoch": 2, "batch_in_epoch": 3, "step": 10}
+    cut, whole = (Checkpoint.load(tmp_path / run / "last.pt", needs=RESUMING) for run in ("cut", "whole"))
+    assert _same_tensors(cut.weights, whole.weights)
+    cut, whole = cut.training, whole.training
+    assert _same_tensors(cut.optimizer, whole.optimizer)
+    assert cut.scheduler == whole.scheduler
+    assert _same_tensors(cut.rng, whole.rng)
+    # Times differ between runs; the extra validation may find a best.
+    cut, whole = (replace(training.trainer, elapsed_s=0.0, train_s=0.0, best_bleu=0.0, best_step=0)
+                  for training in (cut, whole))
+    assert cut == whole == replace(cut, epoch=2, batch_in_epoch=3, step=10)
 
 
 def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp_path):
@@ -55,13 +67,12 @@ def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp
     config = json.loads((run / "config.json").read_text())
     assert config["train"] == toy["train"] and config["lowercase"] is False and config["hidden_size"] == 16
 
-    checkpoint = load_checkpoint(run / "best.pt")  # weights_only
-    assert set(checkpoint) == CHECKPOINT_KEYS
-    assert checkpoint["data"] == {"src": "en", "tgt": "de", "lowercase": False, "max_len": 50, "src_spm": None,
-                                  "tgt_spm": None}
-    assert Vocabulary.load(run / "src.vocab").itos == checkpoint["src_vocab"]
-    assert Vocabulary.load(run / "tgt.vocab").itos == checkpoint["tgt_vocab"]
-    assert "man" in checkpoint["src_vocab"] and "mann" in checkpoint["tgt_vocab"]
+    assert set(read_checkpoint_file(run / "best.pt")) == CHECKPOINT_KEYS  # weights_only
+    checkpoint = Checkpoint.load(run / "best.pt", needs=RESUMING)
+    assert checkpoint.data == DataOptions("en", "de", lowercase=False, max_len=50)
+    assert Vocabulary.load(run / "src.vocab").itos == checkpoint.src_vocab
+    assert Vocabulary.load(run / "tgt.vocab").itos == checkpoint.tgt_vocab
+    assert "man" in checkpoint.src_vocab and "mann" in checkpoint.tgt_vocab
 
     rows = [line.split("\t") for line in (run / "valid.tsv").read_text().splitlines()]
     assert tuple(rows[0]) == VALID_COLUMNS and len(rows) == 2 and rows[1][:2] == ["1", "4"]
@@ -73,15 +84,15 @@ def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp
     assert scores["test"] == toy["test"] and scores["beam"] == 2 and "case:mixed" in scores["signature"]
     assert f"sacreBLEU: BLEU = {scores['sacrebleu']:.2f}" in log
     assert f"tokenized lowercased BLEU (paper): {scores['tokenized_bleu']:.2f}" in log
-    trainer = checkpoint["trainer"]
-    assert trainer["train_tokens"] > 0 and 0 < trainer["train_s"] < trainer["elapsed_s"]
+    trainer = checkpoint.training.trainer
+    assert trainer.train_tokens > 0 and 0 < trainer.train_s < trainer.elapsed_s
 
 
 def test_finished_run_is_not_trained_again(train, tmp_path):
     assert train(tmp_path / "run", "--max-steps", "2") == 0
-    before = load_checkpoint(tmp_path / "run" / "last.pt")
+    before = Checkpoint.load(tmp_path / "run" / "last.pt")
     assert train(tmp_path / "run", "--max-steps", "2") == 0
-    assert _same_tensors(load_checkpoint(tmp_path / "run" / "last.pt")["model"], before["model"])
+    assert _same_tensors(Checkpoint.load(tmp_path / "run" / "last.pt").weights, before.weights)
 
 
 def test_patience_and_min_lr_stop_training(train, tmp_path, caplog):
@@ -89,7 +100,7 @@ def test_patience_and_min_lr_stop_training(train, tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         assert train(tmp_path / "patience", "--lr", "1e-9", "--min-lr", "1e-10", "--patience", "1") == 0
     assert "no dev BLEU improvement in 1 epochs (--patience 1)" in caplog.text
-    assert load_checkpoint(tmp_path / "patience" / "last.pt")["trainer"]["epoch"] == 3
+    assert Checkpoint.load(tmp_path / "patience" / "last.pt").training.trainer.epoch == 3
     caplog.clear()
     with caplog.at_level(logging.INFO):
         assert train(tmp_path / "min_lr", "--optimizer", "sgd", "--lr", "1e-6", "--min-lr", "6e-7") == 0
@@ -121,14 +132,14 @@ def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, t
     budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
     save_dir = tmp_path / "budget"
     assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 0
-    plan = load_checkpoint(save_dir / "last.pt")["memory_plan"]
+    plan = Checkpoint.load(save_dir / "last.pt").memory_plan
     assert plan["budget_bytes"] == budget * 2 ** 20 and plan["batch_tokens"] > 0
     assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
     log = (save_dir / "train.log").read_text()
     assert f"memory budget {format_bytes(budget * 2 ** 20)} of peak RSS" in log
     assert f"of {format_bytes(budget * 2 ** 20)} budget" in log  # every log line shows the peak beside it
     assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "3") == 0
-    assert load_checkpoint(save_dir / "last.pt")["memory_plan"]["batch_tokens"] == plan["batch_tokens"]
+    assert Checkpoint.load(save_dir / "last.pt").memory_plan["batch_tokens"] == plan["batch_tokens"]
 
 
 def test_a_checkpointed_ordinary_model_trains_under_a_memory_budget_and_translates(train, tmp_path):
@@ -136,10 +147,9 @@ def test_a_checkpointed_ordinary_model_trains_under_a_memory_budget_and_translat
     save_dir = tmp_path / "checkpointed"
     assert train(save_dir, "--rnn", "gru", "--attention", "emb+slice", "--checkpoint-steps", "auto",
                  "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 0
-    checkpoint = load_checkpoint(save_dir / "last.pt")
-    assert checkpoint["model_config"]["checkpoint_steps"] == "auto" and checkpoint["memory_plan"]["batch_tokens"] > 0
-    translator = Translator.from_checkpoint(save_dir)
-    assert type(translator.model) is RecomputedSeq2Seq
+    checkpoint = Checkpoint.load(save_dir / "last.pt", needs=("args",))
+    assert checkpoint.args["checkpoint_steps"] == "auto" and checkpoint.memory_plan["batch_tokens"] > 0
+    translator = Translator.from_checkpoint(save_dir)  # recomputing states is for backward: translation needs none
     assert len(translator.translate(["A man runs .", "The dog sleeps ."], beam=2)) == 2
 
 
@@ -168,8 +178,8 @@ def _reversible_model_and_batch(toy):
     data = load_data(DataConfig(train=toy["train"], valid=toy["valid"], min_freq=1))
     torch.manual_seed(0)
     model = build_model(ModelConfig(rnn="revgru", emb_dim=16, hidden_size=16, attention="emb+slice", slice_dim=4,
-                                    dropout=0.3, buffer_lanes=4, src_vocab=len(data.src_vocab),
-                                    tgt_vocab=len(data.tgt_vocab))).train()
+                                    dropout=0.3, src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)),
+                        ExecutionConfig(buffer_lanes=4)).train()
     return model, make_batch(data.train, list(range(12)))
 
 
@@ -207,11 +217,11 @@ def test_a_failed_reversal_falls_back_to_backprop_with_the_same_dropout_masks(to
 def test_a_saved_position_past_the_end_of_its_epoch_is_refused(train, toy, tmp_path):
     run = tmp_path / "run"
     assert train(run, "--max-steps", "2", "--save-every", "1") == 0
-    checkpoint = load_checkpoint(run / "last.pt")
-    checkpoint["trainer"]["batch_in_epoch"] = 8  # 7 batches an epoch
-    save_checkpoint(run / "last.pt", checkpoint)
+    checkpoint = Checkpoint.load(run / "last.pt")
+    checkpoint.training.trainer.batch_in_epoch = 8  # 7 batches an epoch
+    checkpoint.save(run / "last.pt")
     assert train(run, "--max-steps", "4") == 2
-    assert load_checkpoint(run / "last.pt")["trainer"]["step"] == 2
+    assert Checkpoint.load(run / "last.pt").step == 2
 
 
 def test_resuming_applies_a_new_learning_rate_and_schedule(train, tmp_path, caplog):
@@ -220,9 +230,9 @@ def test_resuming_applies_a_new_learning_rate_and_schedule(train, tmp_path, capl
     with caplog.at_level(logging.INFO):
         assert train(run, "--max-steps", "3", "--lr", "0.01", "--lr-decay", "0.1", "--lr-patience", "2") == 0
     assert "changed on resume: --lr 0.001 -> 0.01" in caplog.text
-    checkpoint = load_checkpoint(run / "last.pt")
-    assert checkpoint["optimizer"]["param_groups"][0]["lr"] == 0.01
-    assert (checkpoint["scheduler"]["factor"], checkpoint["scheduler"]["patience"]) == (0.1, 2)
+    training = Checkpoint.load(run / "last.pt").training
+    assert training.optimizer["param_groups"][0]["lr"] == 0.01
+    assert (training.scheduler["factor"], training.scheduler["patience"]) == (0.1, 2)
     assert json.loads((run / "config.json").read_text())["lr_decay"] == 0.1
 
 
@@ -234,10 +244,10 @@ def test_numbered_checkpoints_of_the_last_validations_are_kept_across_resumes(tr
     kept = numbered_checkpoints(run)
     assert [path.name for path in kept] == ["step-00000007.pt", "step-00000014.pt"]
     for path, step in zip(kept, (7, 14)):
-        checkpoint = load_checkpoint(path)  # complete: translating and resuming need nothing else
-        assert set(checkpoint) == CHECKPOINT_KEYS and checkpoint["trainer"]["step"] == step
+        # complete: translating and resuming need nothing else
+        assert set(read_checkpoint_file(path)) == CHECKPOINT_KEYS and Checkpoint.load(path, needs=RESUMING).step == step
         assert Translator.from_checkpoint(path).translate(["A man runs ."], beam=2)
-    assert _same_tensors(load_checkpoint(kept[-1])["model"], load_checkpoint(run / "last.pt")["model"])
+    assert _same_tensors(Checkpoint.load(kept[-1]).weights, Checkpoint.load(run / "last.pt").weights)
     with caplog.at_level(logging.INFO):
         assert train(run, "--epochs", "3", "--keep-checkpoints", "1") == 0
     assert "changed on resume: --keep-checkpoints 2 -> 1" in caplog.text

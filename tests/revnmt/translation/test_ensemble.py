@@ -1,9 +1,10 @@
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
-from revnmt.checkpoints import save_checkpoint
+from revnmt.checkpoints import Checkpoint, TrainerState, TrainingState
 from revnmt.data import DataOptions, Vocabulary
 from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.model import ModelConfig, Seq2Seq, build_model
@@ -29,7 +30,7 @@ def _trained(rnn: str, attention: str, seed: int) -> Seq2Seq:
     """A tiny model trained for a few steps, so that its outputs differ and some stop early."""
     torch.manual_seed(seed)
     model = build_model(ModelConfig(rnn=rnn, emb_dim=16, hidden_size=16, dropout=0.0, attention=attention,
-                                    slice_dim=4, buffer_lanes=4, src_vocab=VOCAB, tgt_vocab=VOCAB))
+                                    slice_dim=4, src_vocab=VOCAB, tgt_vocab=VOCAB))
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(30):
@@ -113,14 +114,14 @@ WORDS = Vocabulary(sorted(set("a man rides a red bike . two dogs play in the sno
 
 
 def _save(path, model: Seq2Seq, vocab: Vocabulary = WORDS, **data) -> None:
-    options = DataOptions("en", "de", lowercase=True, max_len=5)
-    save_checkpoint(path, {"model_config": model.cfg.to_dict(), "model": model.state_dict(), "src_vocab": vocab.itos,
-                           "tgt_vocab": vocab.itos, "data": {**options.to_dict(), **data}, "trainer": {"step": 3}})
+    options = replace(DataOptions("en", "de", lowercase=True, max_len=5), **data)
+    Checkpoint(model.cfg, model.state_dict(), vocab.itos, vocab.itos, options,
+               training=TrainingState({}, {}, TrainerState(step=3), {})).save(path)
 
 
 def _word_model(rnn: str, seed: int, vocab: Vocabulary = WORDS) -> Seq2Seq:
     torch.manual_seed(seed)
-    return build_model(ModelConfig(rnn=rnn, emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2,
+    return build_model(ModelConfig(rnn=rnn, emb_dim=8, hidden_size=8, slice_dim=2,
                                    src_vocab=len(vocab), tgt_vocab=len(vocab))).eval()
 
 

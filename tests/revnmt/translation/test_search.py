@@ -31,7 +31,7 @@ def trained(request) -> tuple[Seq2Seq, torch.Tensor, torch.Tensor]:
     """A tiny model trained for a few steps, so that outputs differ and some stop early."""
     torch.manual_seed(0)
     cfg = ModelConfig(rnn=request.param, emb_dim=16, hidden_size=16, dropout=0.0, attention="emb+slice",
-                      slice_dim=4, buffer_lanes=4, src_vocab=VOCAB, tgt_vocab=VOCAB)
+                      slice_dim=4, src_vocab=VOCAB, tgt_vocab=VOCAB)
     model = build_model(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     gen = torch.Generator().manual_seed(0)

@@ -1,13 +1,14 @@
 import itertools
 import logging
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
 import revnmt.translation.translator
-from revnmt.checkpoints import save_checkpoint
+from revnmt.checkpoints import Checkpoint, TrainerState, TrainingState
 from revnmt.data import EOS, PAD, DataOptions, SubwordTokenizer, Vocabulary, train_subword_model
 from revnmt.model import Encoded, ModelConfig, build_model
 from revnmt.translation import Translator, evaluate
@@ -87,13 +88,12 @@ def test_input_length_limit_defaults_to_the_training_limit_then_100():
 
 def test_from_checkpoint_rebuilds_model_vocabularies_and_options(tmp_path):
     torch.manual_seed(0)
-    cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2, src_vocab=len(VOCAB),
+    cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, src_vocab=len(VOCAB),
                       tgt_vocab=len(VOCAB))
     model = build_model(cfg).eval()
     data = DataOptions("en", "de", lowercase=True, max_len=5)
-    save_checkpoint(tmp_path / "best.pt", {"model_config": cfg.to_dict(), "model": model.state_dict(),
-                                           "src_vocab": VOCAB.itos, "tgt_vocab": VOCAB.itos,
-                                           "data": data.to_dict(), "trainer": {"step": 3}})
+    Checkpoint(cfg, model.state_dict(), VOCAB.itos, VOCAB.itos, data,
+               training=TrainingState({}, {}, TrainerState(step=3), {})).save(tmp_path / "best.pt")
     loaded = Translator.from_checkpoint(tmp_path, "cpu")
     assert loaded.data == data and loaded.max_input_len == 5 and not loaded.model.training
     assert loaded.src_vocab == VOCAB and loaded.tokenizer.lowercase
@@ -211,19 +211,19 @@ def test_replace_unk_is_refused_for_a_subword_model():
 
 def test_from_checkpoint_rebuilds_a_subword_model_and_refuses_a_corrupt_one(tmp_path):
     torch.manual_seed(0)
-    cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2, buffer_lanes=2,
+    cfg = ModelConfig(rnn="revgru", emb_dim=8, hidden_size=8, slice_dim=2,
                       src_vocab=len(SUBWORD_VOCAB), tgt_vocab=len(SUBWORD_VOCAB))
     model = build_model(cfg).eval()
     data = DataOptions("en", "de", lowercase=False, max_len=5, src_spm=SUBWORDS, tgt_spm=SUBWORDS)
-    state = {"model_config": cfg.to_dict(), "model": model.state_dict(), "src_vocab": SUBWORD_VOCAB.itos,
-             "tgt_vocab": SUBWORD_VOCAB.itos, "data": data.to_dict(), "trainer": {"step": 3}}
-    save_checkpoint(tmp_path / "best.pt", state)
+    checkpoint = Checkpoint(cfg, model.state_dict(), SUBWORD_VOCAB.itos, SUBWORD_VOCAB.itos, data,
+                            training=TrainingState({}, {}, TrainerState(step=3), {}))
+    checkpoint.save(tmp_path / "best.pt")
     loaded = Translator.from_checkpoint(tmp_path / "best.pt", "cpu")
     assert loaded.data == data and loaded.data.subwords
     lines = ["Two dogs play.", "", "A man rides a red Bike in the snow."]
     assert loaded.translate(lines, beam=2) == Translator(model, SUBWORD_VOCAB, SUBWORD_VOCAB, data).translate(lines)
 
-    save_checkpoint(tmp_path / "bad.pt", {**state, "data": {**data.to_dict(), "tgt_spm": SUBWORDS[:100]}})
+    replace(checkpoint, data=replace(data, tgt_spm=SUBWORDS[:100])).save(tmp_path / "bad.pt")
     with pytest.raises(ValueError, match=f"^{tmp_path / 'bad.pt'}: the de SentencePiece model: not a SentencePiece"):
         Translator.from_checkpoint(tmp_path / "bad.pt", "cpu")
 
