@@ -1,13 +1,22 @@
-"""Kernel launches counted without a GPU: the ATen ops a piece of code dispatches and the Triton kernels it runs
-(:class:`LaunchCounter`), and a reversible layer's launches per time step (:func:`count_kernels`).
+"""Kernel launches counted without a GPU: the ATen ops a piece of code dispatches and the Triton kernels it runs,
+each Triton launch with its grid (:class:`LaunchCounter`), and a reversible layer's launches per time step
+(:func:`count_kernels`).
 
 On a GPU every launch costs the host a few microseconds whatever its size, so the launches per time step bound
 how fast a sweep can be at small batches; counted on CPU tensors (Triton's interpreter), they are the same
-numbers the CUDA path makes, and tests can hold them.
+numbers the CUDA path makes, and tests can hold them. A launch's grid (its programs) bounds how much of the GPU it
+can use: one program runs on one streaming multiprocessor, so at large batches the smallest grids bound the step.
+The grids depend on the shapes only, so they can be recorded without running the kernels
+(``LaunchCounter(run_kernels=False)``), at batch sizes the interpreter would take hours over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from unittest import mock
 
 import torch
@@ -16,18 +25,57 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import buffers
 from revnmt.rnn import ReversibleRNN, TensorInput
 
+#: The ATen ops that bring a tensor's value to the host (``.item()``, ``bool()``, ``int()`` and ``torch.equal``
+#: end in one of them), and those whose output's size depends on the data: on CUDA each waits for the device.
+HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::nonzero", "aten::masked_select"})
+#: Indexing ops that read the host when an index is a mask (``x[mask]``: they find its true elements first, a
+#: ``nonzero`` that the dispatcher does not show).
+_MASKED_INDEXING = frozenset({"aten::index.Tensor", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: a dispatched ATen op, or a Triton kernel's run with its grid (programs along each axis)."""
+
+    name: str
+    grid: tuple[int, ...] | None = None  # None: an ATen op
+    reads_host: bool = False  # an op that waits for the device's value (see reads_host())
+
+    @property
+    def programs(self) -> int | None:
+        """The programs a Triton launch runs (None for an ATen op)."""
+        return None if self.grid is None else math.prod(self.grid)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A labelled stretch of a :class:`LaunchCounter`'s launches, ``launches[start:end]``."""
+
+    label: str
+    start: int
+    end: int
+
 
 class LaunchCounter(TorchDispatchMode):
-    """Counts the launches of what runs inside it: the ATen ops dispatched, but views (which launch nothing)
-    and ``empty*`` (allocations), and the Triton kernels run, each by its name in ``names``.
+    """Records the launches of what runs inside it (:attr:`launches`): the ATen ops dispatched, but views (which
+    launch nothing) and ``empty*`` (allocations), and the Triton kernels run, each with its grid.
 
     Triton's launches do not go through torch's dispatcher, so the counter wraps ``run`` of Triton's kernel
     classes (the compiled ``JITFunction`` and the interpreter's ``InterpretedFunction``) while it is active;
-    the ops the interpreter dispatches inside a run are part of that one launch."""
+    the ops the interpreter dispatches inside a run are part of that one launch.
 
-    def __init__(self) -> None:
+    With ``run_kernels=False`` the Triton kernels are recorded and not run (their grids depend on the shapes
+    only), and every allocation comes back zero-filled: what a kernel would have written reads as zeros, the
+    same in every run, instead of whatever memory held. Zero states give zero states, so a reversal rebuilds
+    its (zero) initial states, the buffer's words and height stay zero and no error code is set: the exactness
+    guard and the overflow checks pass and read the host as often as in a run whose words never overflow.
+    The ATen ops run for real."""
+
+    def __init__(self, run_kernels: bool = True) -> None:
         super().__init__()
-        self.names: list[str] = []
+        self.run_kernels = run_kernels
+        self.launches: list[Launch] = []
+        self.sections: list[Section] = []
         self._in_kernel = False
         kinds = []
         if buffers.backends.triton_available():
@@ -37,17 +85,38 @@ class LaunchCounter(TorchDispatchMode):
         self._patches = [mock.patch.object(kind, "run", self._counted(kind.run)) for kind in kinds]
 
     @property
+    def names(self) -> list[str]:
+        """Every launch's name: the ATen op's (``aten::mm``) or the Triton kernel's."""
+        return [launch.name for launch in self.launches]
+
+    @property
     def count(self) -> int:
-        return len(self.names)
+        return len(self.launches)
+
+    @property
+    def host_reads(self) -> int:
+        """Launches that read a value on the host (:func:`reads_host`)."""
+        return sum(launch.reads_host for launch in self.launches)
+
+    @contextlib.contextmanager
+    def section(self, label: str) -> Iterator[None]:
+        """Note the launches made inside as a :class:`Section` called ``label`` (in :attr:`sections`)."""
+        start = self.count
+        try:
+            yield
+        finally:
+            self.sections.append(Section(label, start, self.count))
 
     def _counted(self, run):
-        def counted_run(kernel, *args, warmup=False, **kwargs):
+        def counted_run(kernel, *args, grid, warmup=False, **kwargs):
             if warmup or self._in_kernel:
-                return run(kernel, *args, warmup=warmup, **kwargs)
-            self.names.append(kernel.fn.__name__)
+                return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+            self.launches.append(Launch(kernel.fn.__name__, _grid(kernel, grid, args, kwargs)))
+            if not self.run_kernels:
+                return None
             self._in_kernel = True
             try:
-                return run(kernel, *args, warmup=warmup, **kwargs)
+                return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
             finally:
                 self._in_kernel = False
         return counted_run
@@ -65,9 +134,45 @@ class LaunchCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         returns = func._schema.returns
         view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-        if not (self._in_kernel or view or func.__name__.startswith("empty")):
-            self.names.append(func.name())
-        return func(*args, **(kwargs or {}))
+        allocation = func.__name__.startswith("empty")
+        if not (self._in_kernel or view or allocation):
+            self.launches.append(Launch(func.name(), reads_host=reads_host(func.name(), args)))
+        out = func(*args, **(kwargs or {}))
+        if allocation and not self.run_kernels:
+            out.zero_()  # (this mode is off inside its own handler: not recorded)
+        return out
+
+
+def reads_host(name: str, args: tuple) -> bool:
+    """Whether the ATen op ``name`` on ``args`` waits for a value of the device on the host: one of
+    :data:`HOST_READS`, or indexing with a mask."""
+    if name in _MASKED_INDEXING:
+        return any(index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1])
+    return name in HOST_READS
+
+
+def _grid(kernel, grid, args: tuple, kwargs: dict) -> tuple[int, ...]:
+    """A launch's grid as programs along each axis. A callable grid gets the launch's arguments by name, the
+    meta-parameters among them, as Triton's launcher gives them."""
+    if callable(grid):
+        signature = inspect.signature(kernel.fn)
+        bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
+        bound.apply_defaults()
+        grid = grid(bound.arguments)
+    return tuple(int(n) for n in grid)
+
+
+def check_lazily(rnn: ReversibleRNN) -> None:
+    """Make the buffers ``rnn`` makes keep bad input on the device, as on CUDA (a CPU buffer checks eagerly, since
+    a read costs nothing there): no host read after every call."""
+    new_buffer = rnn.new_buffer
+
+    def checked_as_on_cuda(*args, **kwargs):
+        buffer = new_buffer(*args, **kwargs)
+        buffer.words.eager_checks = False
+        return buffer
+
+    rnn.new_buffer = checked_as_on_cuda
 
 
 def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64, hidden: int = 300,
@@ -81,14 +186,7 @@ def count_kernels(cell: str, backend: str, device: torch.device, batch: int = 64
     w = torch.randn(steps, batch, hidden, device=device)
     mask = torch.ones(steps, batch, dtype=torch.bool, device=device)
     rev = ReversibleRNN("rev" + cell, hidden, hidden, max_forget_bits=3, buffer_backend=backend).to(device)
-    new_buffer = rev.new_buffer
-
-    def checked_as_on_cuda(*args, **kwargs):  # bad input kept on the device: no host read after every call
-        buffer = new_buffer(*args, **kwargs)
-        buffer.words.eager_checks = False
-        return buffer
-
-    rev.new_buffer = checked_as_on_cuda
+    check_lazily(rev)
     inputs = TensorInput(x)
     with torch.backends.mkldnn.flags(enabled=False):
         rev.backward_sweep(rev.forward_sweep(inputs, mask), inputs, output_grads=lambda s, out: w[s])  # warm-up

@@ -2,13 +2,15 @@
 directories (averaging, the length penalty tuned on the dev set, the test decodes with it, the ensemble of the
 reversible runs), and the table rows those steps' files make."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-import torch
+from benchmark_scripts import load_script
+
+from revnmt.checkpoints import Checkpoint, TrainerState, TrainingState
+from revnmt.data import DataOptions
+from revnmt.model import ModelConfig, build_model
 
 REPO = Path(__file__).resolve().parents[2]
 REVGRU, REVLSTM, GRU = "revgru-emb+slice-bi-bpe8k", "revlstm-emb+slice-bi-bpe8k", "gru-hidden-bi-bpe8k"
@@ -17,16 +19,8 @@ FULL_GRID = ["average-0", "average-0.5", "average-1", "average-1.5", "gnmt-0.6",
 
 @pytest.fixture(scope="module")
 def multi30k():
-    """benchmarks/multi30k.py as a module (it imports machine.py from beside it)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("multi30k_benchmark", REPO / "benchmarks/multi30k.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # where its dataclasses look their annotations up
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return module
+    """benchmarks/multi30k.py as a module."""
+    return load_script("multi30k")
 
 
 @pytest.fixture
@@ -168,8 +162,12 @@ def test_the_ensemble_waits_for_every_reversible_run_and_tunes_its_own_penalty(m
 
 def fake_training(run: Path) -> None:
     """last.pt and valid.tsv of a finished run: what the table's training columns read."""
-    torch.save({"trainer": {"best_step": 20, "best_bleu": 32.5, "train_s": 100.0, "train_tokens": 50000}},
-               run / "last.pt")
+    vocab = ["<pad>", "<unk>", "<s>", "</s>", "a"]
+    config = ModelConfig(rnn="gru", emb_dim=4, hidden_size=4, attention="hidden", src_vocab=5, tgt_vocab=5)
+    trainer = TrainerState(best_step=20, best_bleu=32.5, train_s=100.0, train_tokens=50000)
+    data = DataOptions("en", "de", lowercase=True, max_len=50)
+    Checkpoint(config, build_model(config).state_dict(), vocab, vocab, data,
+               training=TrainingState({"state": {}}, {}, trainer, {})).save(run / "last.pt")
     (run / "valid.tsv").write_text("step\tepoch\tdev_bleu\telapsed_s\n10\t1\t30.0\t60\n20\t2\t32.5\t120\n")
 
 

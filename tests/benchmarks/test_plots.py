@@ -1,11 +1,11 @@
 """benchmarks/plots.py on the committed Multi30K results: both PNGs are written."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -25,9 +25,7 @@ def test_plots_of_the_committed_results(tmp_path):
 
 
 def test_missing_results_are_reported(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("plots", REPO / "benchmarks/plots.py")
-    plots = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plots)
+    plots = load_script("plots")
     assert plots.main(["--results", str(tmp_path), "--out", str(tmp_path / "img")]) == 2
     assert "results.json" in capsys.readouterr().err
     assert not (tmp_path / "img").exists()

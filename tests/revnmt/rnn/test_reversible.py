@@ -4,10 +4,10 @@ import warnings
 import pytest
 import torch
 from conftest import FAST_BACKENDS, INTERPRETED_TRITON
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import buffers
 from buffers import FixedPointOverflowError
+from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput
 
 IN, HID, SLICE = 6, 10, 3
@@ -263,41 +263,18 @@ def test_stored_slice_columns_skip_the_buffer():
     assert 0 < bits[0] < bits[1]
 
 
-class _HostReads(TorchDispatchMode):
-    """Counts the ops that bring a tensor's value to the host (``.item()``, ``bool()``, ``int()`` and
-    ``torch.equal`` all end in one of them): on CUDA each is a device-to-host synchronization."""
-
-    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default,
-             torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in self.READS
-        return func(*args, **(kwargs or {}))
-
-
 def _sweep_host_reads(cell, steps, device, watch=contextlib.nullcontext, **buffer_options):
     """Host reads of a forward and of a backward sweep (each run inside ``watch()``), and the buffer's
     stack-sizing syncs. The buffer keeps bad input on the device, as it does on CUDA (a CPU buffer
     checks eagerly, since a read costs nothing there)."""
     rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 1, steps, device=device, **buffer_options)
-    new_buffer = rnn.new_buffer
-
-    def checked_lazily(*args, **kwargs):
-        buffer = new_buffer(*args, **kwargs)
-        buffer.words.eager_checks = False
-        return buffer
-
-    rnn.new_buffer = checked_lazily
+    check_lazily(rnn)
     inputs = TensorInput(x)
-    with watch(), _HostReads() as forward:
+    with watch(), LaunchCounter() as forward:
         tape = rnn.forward_sweep(inputs, mask)
-    with watch(), _HostReads() as backward:
+    with watch(), LaunchCounter() as backward:
         rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grads=lambda s, out: w_out[s], slice_grad=w_slice)
-    return forward.count, backward.count, tape.buffer.syncs
+    return forward.host_reads, backward.host_reads, tape.buffer.syncs
 
 
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
