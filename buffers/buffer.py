@@ -179,7 +179,7 @@ class InformationBuffer:
 
     def _check_limit(self, limit: ForgetLimit) -> None:
         """A fused call clamps its numerators to its own limit: it must be the buffer's, which sizes the stack."""
-        if limit != self.words.limit:
+        if limit is not self.words.limit and limit != self.words.limit:  # one object per stack: no field compare
             raise ValueError(f"a fused update under {limit} on a buffer made for {self.words.limit}: the buffer "
                              "sizes its stack by its own limit, which the update must share")
 

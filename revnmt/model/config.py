@@ -15,12 +15,12 @@ ATTENTION_TYPES = ("hidden", "emb", "slice", "emb+slice")
 ENCODER_TYPES = ("unidirectional", "bidirectional")
 
 
-def forget_bits(text: str) -> int | None:
+def parse_forget_bits(text: str) -> int | None:
     """Command-line type of ``--max-forget-bits``: a number, or ``none``."""
     return None if text.lower() == "none" else int(text)
 
 
-def checkpoint_steps(text: str) -> int | str:
+def parse_checkpoint_steps(text: str) -> int | str:
     """Command-line type of ``--checkpoint-steps``: a number of steps, or ``auto``."""
     try:
         return text if text == "auto" else int(text)
@@ -62,7 +62,7 @@ class ModelConfig:
     attention: str = option("emb+slice", choices=ATTENTION_TYPES, role=RUN_DEFINING,
                             help="attention memory: full encoder states, source embeddings, stored slices, or both")
     slice_dim: int = option(20, role=RUN_DEFINING, help="encoder units per source position kept for slice attention")
-    max_forget_bits: int | None = option(3, type=forget_bits, check=_forget_limit, metavar="{1,2,3,5,none}",
+    max_forget_bits: int | None = option(3, type=parse_forget_bits, check=_forget_limit, metavar="{1,2,3,5,none}",
                                          role=RUN_DEFINING, help="bits a reversible unit may forget per step")
     src_vocab: int = 0  # known from the data, not options
     tgt_vocab: int = 0
@@ -140,7 +140,7 @@ class ExecutionConfig:
                                  "loops (numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, "
                                  "any device; slow); auto: numba on CPU, triton on CUDA. All give the same results "
                                  "bit for bit")
-    checkpoint_steps: int | str | None = option(None, type=checkpoint_steps, check=_steps_or_auto,
+    checkpoint_steps: int | str | None = option(None, type=parse_checkpoint_steps, check=_steps_or_auto,
                                                 metavar="{K,auto}", role=RUN_TIME,
                                                 help="ordinary RNNs (gru, lstm): gradient checkpointing, keeping the "
                                                 "state every K steps for backward and recomputing the steps between "
