@@ -88,18 +88,41 @@ class Signalled(BaseException):
         self.signum, self.exit_status = signum, 128 + signum
 
 
+#: How soon a stop raised inside a finalizer, where Python drops it, is raised again (see raise_on_signals).
+REDELIVERY_S = 0.01
+
+
 @contextmanager
 def raise_on_signals() -> Iterator[None]:
     """Raise SIGINT and SIGTERM as :class:`Signalled` wherever the main thread is, for the duration of the block:
     for work that has nothing to finish or save first (loading, translating, averaging), which then unwinds as an
     error does (an atomic file's temporary is removed, the old file kept). Later signals are ignored while it
-    unwinds, which takes moments, so that a second Ctrl-C cannot cut its cleaning up short."""
+    unwinds, which takes moments, so that a second Ctrl-C cannot cut its cleaning up short.
+
+    "Wherever" includes a finalizer: a ``__del__`` (the memory meter's saved-tensor holders run one each time
+    autograd frees a saved tensor) or a weakref callback, where Python prints an exception as "ignored" and
+    goes on. Such a stop would be lost, and with the signals then ignored the command would run to its end.
+    Python reports what it dropped to ``sys.unraisablehook``: there a dropped :class:`Signalled` re-arms the
+    handlers and the same signal is sent again a moment later, to land in ordinary code."""
+    main = threading.main_thread().ident
+
     def handle(signum: int, frame: FrameType | None) -> None:
         for handled in HANDLED:
             signal.signal(handled, signal.SIG_IGN)
         raise Signalled(signum)
 
+    def dropped(report: sys.UnraisableHookArgs) -> None:
+        if not isinstance(report.exc_value, Signalled):
+            previous_hook(report)
+            return
+        for handled in HANDLED:
+            signal.signal(handled, handle)
+        again = threading.Timer(REDELIVERY_S, signal.pthread_kill, (main, report.exc_value.signum))
+        again.daemon = True  # never holds up the exit it asks for
+        again.start()
+
     previous = {}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, dropped
     try:
         for signum in HANDLED:
             previous[signum] = signal.signal(signum, handle)
@@ -107,6 +130,7 @@ def raise_on_signals() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = previous_hook
 
 
 def exit_on_signals(prog: str, run: Callable[[], int]) -> int:

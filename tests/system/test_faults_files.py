@@ -278,13 +278,21 @@ def test_a_signal_ends_a_command_at_once_with_one_line_and_its_status(work, tmp_
     }
     err = tmp_path / "stderr"
     with err.open("w") as stderr:
-        process = subprocess.Popen(commands[name], stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
+        # A command that does not stop is aborted below; the fault handler then prints where each thread was.
+        process = subprocess.Popen(commands[name], stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path,
+                                   env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     working = {"translate": lambda: "INFO: loaded" in err.read_text(),
                "average": lambda: _holds_open(process, checkpoint),
                "memory": lambda: "measuring" in err.read_text()}
     _wait_until(working[name], process, err)
     process.send_signal(signum)
-    assert process.wait(timeout=20) == 128 + signum, err.read_text()
+    try:
+        status = process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        process.wait()
+        pytest.fail(f"revnmt-{name} ran on 20 s after {signal.Signals(signum).name}:\n{err.read_text()}")
+    assert status == 128 + signum, err.read_text()
     lines = err.read_text().splitlines()
     assert lines[-1] == f"revnmt-{name}: interrupted by {signal.Signals(signum).name}", lines
     assert "Traceback" not in err.read_text()
