@@ -21,6 +21,7 @@ import torch
 from buffers import (
     FORGET_ONE,
     HIDDEN_RADIX,
+    TILE_ROWS,
     ForgetLimit,
     InformationBuffer,
     checked_add,
@@ -73,7 +74,7 @@ def throughput(device: torch.device, batch: int, units: int, steps: int, max_bit
 
 
 def storage(device: torch.device, batch: int, units: int, steps: int, groups: int, max_bits: int,
-            lanes: int, share_rows: bool = False) -> dict:
+            lanes: int, tile: int) -> dict:
     """Allocated and optimal bits after `steps` steps of `groups` state groups sharing the buffer.
 
     Each step is a GRU-like update h ← z·h + (1 − z)·g with g uniform in (−1, 1), so the states
@@ -81,13 +82,13 @@ def storage(device: torch.device, batch: int, units: int, steps: int, groups: in
     """
     zs = trained_like_gates(steps * groups, batch, units, max_bits, device, seed=1)
     gen = torch.Generator().manual_seed(2)
-    buf = InformationBuffer(batch, lanes, device=device, limit=ForgetLimit(max_bits), share_rows=share_rows)
+    buf = InformationBuffer(batch, lanes, device=device, limit=ForgetLimit(max_bits), tile_rows=tile)
     h = to_fixed(torch.rand(batch, units, generator=gen) * 2 - 1).to(device)
     for z in zs:
         g = (torch.rand(batch, units, generator=gen) * 2 - 1).to(device)
         h = checked_add(buf.push_mul(h, z), to_fixed((1 - z / FORGET_ONE) * g))
-    return {"steps": steps, "groups": groups, "lanes": lanes, "share_rows": share_rows,
-            "words_per_lane": buf.word_count(),
+    return {"steps": steps, "groups": groups, "lanes": lanes, "tile": tile,
+            "words_per_lane": buf.words_in_use() / (batch * lanes),
             "allocated_bits": buf.allocated_bits(), "reserved_bits": buf.reserved_bits(),
             "optimal_bits": buf.optimal_bits(), "allocated_over_optimal": buf.allocated_bits() / buf.optimal_bits(),
             "baseline_over_allocated": 32 * steps * groups * batch * units / buf.allocated_bits()}
@@ -115,15 +116,14 @@ def main() -> None:
               f"pop {tp['pop_lane_steps_per_s'] / 1e6:8.1f} M lane-steps/s   "
               f"host syncs {tp['host_syncs']} in {tp['steps']} pushes")
 
-    print("\n  steps  groups  lanes  rows share  words/lane  allocated/optimal  32-bit-states/allocated")
-    s, u = args.steps, args.units
-    cases = [(s, 1, u, False), (s, 2, u, False), (4 * s, 1, u, False), (20 * s, 1, u, False), (s, 1, 32, False),
-             (s, 2, 32, False), (s, 2, 16, False), (s, 2, 16, True), (s, 2, 3, False), (s, 2, 3, True)]
-    for steps, groups, lanes, share_rows in cases:
-        row = storage(torch.device(devices[0]), args.batch, u, steps, groups, args.max_bits, lanes, share_rows)
+    print("\n  steps  groups  lanes   tile  words/lane  allocated/optimal  32-bit-states/allocated")
+    s, u, b, t = args.steps, args.units, args.batch, TILE_ROWS
+    cases = [(s, 1, u, t), (s, 2, u, t), (4 * s, 1, u, t), (20 * s, 1, u, t), (s, 1, 32, t), (s, 2, 32, t),
+             (s, 2, 16, b), (s, 2, 16, t), (s, 2, 3, b), (s, 2, 3, t)]
+    for steps, groups, lanes, tile in cases:
+        row = storage(torch.device(devices[0]), args.batch, u, steps, groups, args.max_bits, lanes, tile)
         report["storage"].append(row)
-        shared = "yes" if share_rows else "no"
-        print(f"  {steps:5d}  {groups:6d}  {lanes:5d}  {shared:>10s}  {row['words_per_lane']:10d}  "
+        print(f"  {steps:5d}  {groups:6d}  {lanes:5d}  {tile:5d}  {row['words_per_lane']:10.1f}  "
               f"{row['allocated_over_optimal']:17.2f}  {row['baseline_over_allocated']:23.1f}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -29,11 +29,12 @@ from .fixed import (
     to_float,
 )
 from .multiply import div_exact, mul_exact
-from .words import WORD_LIMIT, BufferError
+from .words import TILE_ROWS, WORD_LIMIT, BufferError
 
 __all__ = [
     "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "ForgetLimit", "HIDDEN_RADIX",
-    "InformationBuffer", "MAX_FORGET_CHOICES", "NO_FORGET_LIMIT", "OverflowGuard", "WORD_LIMIT", "backends",
+    "InformationBuffer", "MAX_FORGET_CHOICES", "NO_FORGET_LIMIT", "OverflowGuard", "TILE_ROWS", "WORD_LIMIT",
+    "backends",
     "checked_add", "div_exact", "lossy_update", "mul_exact", "quantize_forget", "restrict_forget",
     "straight_through", "to_fixed", "to_float",
 ]

@@ -15,7 +15,7 @@ from . import backends
 from .backends import BufferBackend
 from .fixed import FORGET_ONE, NO_FORGET_LIMIT, ForgetLimit
 from .plans import PopPlan, PushPlan, SliceUpdate
-from .words import BAD_NUMERATOR, BufferError, WordStack, numerator_message
+from .words import BAD_NUMERATOR, TILE_ROWS, BufferError, WordStack, numerator_message
 
 
 class InformationBuffer:
@@ -24,18 +24,16 @@ class InformationBuffer:
     Args:
         batch: rows of every tensor pushed.
         units: lanes per row. A state group narrower than this uses the first lanes, a wider one
-            is folded onto them, so groups of any width can share one buffer.
+            is pushed onto them in chunks of ``units`` columns, so groups of any width can share one buffer.
         device: where the words live.
         limit: the most bits a push may forget (z* ≥ ``limit.min_numerator``); no limit but R_Z by default.
-            A tighter limit lets the host read the stack height less often. Numerators below it are rejected.
+            A tighter limit lets the host read the stack heights less often. Numerators below it are rejected.
         backend: what runs the arithmetic, :func:`buffers.backends.resolve` of a name and this device (checked
             here to run on it); None: ``"auto"`` resolved (numba on CPU; triton on CUDA where importable, else
             torch). Same results bit for bit.
-        share_rows: fold every row's columns, row after row, onto all ``batch × units`` lanes
-            together instead of each row onto its own ``units`` lanes. Every lane then takes
-            columns of many rows and fills at about the batch's mean rate, where a lane of its own
-            fills at its row's: rows that forget more, or fewer that end early (padding), no
-            longer set the height of the whole stack. Same memory layout, same words.
+        tile_rows: sentences per tile (see :mod:`buffers.words`): a tile's lanes overflow together, onto a
+            stack of the tile's own, and tiles never see each other's words. Larger tiles waste more words on
+            rows that forget less than the tile's fullest (or are padding); on a GPU a tile is one program's work.
         eager_checks: raise bad input at once, reading an error flag on the host after every call
             (default on CPU, where that costs nothing), or keep it on the device until the next host
             read that the stack needs anyway, or :meth:`check` (default elsewhere: a read per call
@@ -44,9 +42,10 @@ class InformationBuffer:
 
     def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
                  limit: ForgetLimit = NO_FORGET_LIMIT, backend: BufferBackend | None = None,
-                 share_rows: bool = False, eager_checks: bool | None = None) -> None:
-        if batch < 1 or units < 1:
-            raise ValueError(f"InformationBuffer needs batch >= 1 and units >= 1, got {batch} x {units}")
+                 tile_rows: int = TILE_ROWS, eager_checks: bool | None = None) -> None:
+        if batch < 1 or units < 1 or tile_rows < 1:
+            raise ValueError(f"InformationBuffer needs batch, units and tile_rows >= 1, got {batch}, {units}, "
+                             f"{tile_rows}")
         # canonical, as tensors report it ("cuda" becomes "cuda:0"), so the device checks compare like with like
         self.device = torch.empty(0, device=device if device is not None else "cpu").device
         if backend is None:
@@ -54,9 +53,9 @@ class InformationBuffer:
         else:
             backend.check_device(self.device)
         self.backend = backend
-        self.batch, self.units, self.share_rows = batch, units, share_rows
+        self.batch, self.units = batch, units
         eager = self.device.type == "cpu" if eager_checks is None else eager_checks
-        self.words = WordStack(batch, units, self.device, limit, share_rows, eager)
+        self.words = WordStack(batch, units, self.device, limit, tile_rows, eager)
 
     # ------------------------------------------------------------------ the update (the per-step API)
 
@@ -110,23 +109,23 @@ class InformationBuffer:
         ``h`` is int32 [batch, w], ``z`` integer numerators of the same shape in
         [``limit.min_numerator``, 2^R_Z], ``mask`` bool [batch] or [batch, w]: False leaves a lane (padding)
         bit-for-bit unchanged, in ``h`` and in the buffer. A group narrower than the buffer uses
-        its first lanes; a wider one is folded onto the lanes in chunks of ``units`` columns, one
+        its first lanes; a wider one is pushed onto the lanes in chunks of ``units`` columns, one
         push per chunk, so that few lanes fill whole words instead of many lanes holding a
         mostly empty one each.
         """
-        folded, zl, active = self._folded("push_mul", h, z, mask)
+        zl, active = self._numerators("push_mul", h, z, mask)
         plan = PushPlan(self.words, [(h.shape[1], 0)])
-        out, lost = self.backend.push_mul(self.words, folded, zl, active, plan.flags[0])
+        out, lost = self.backend.push_mul(self.words, h, zl, active, plan.flags[0])
         plan.done(lost)
-        return out.reshape(self.batch, -1)
+        return out
 
     def pop_div(self, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The exact inverse of the matching (last unpopped) :meth:`push_mul`; same z and mask."""
-        folded, zl, active = self._folded("pop_div", h, z, mask)
+        zl, active = self._numerators("pop_div", h, z, mask)
         plan = PopPlan(self.words, [(h.shape[1], 0)])
-        out = self.backend.pop_div(self.words, folded, zl, active, plan.flags[0])
+        out = self.backend.pop_div(self.words, h, zl, active, plan.flags[0])
         plan.done()
-        return out.reshape(self.batch, -1)
+        return out
 
     # ------------------------------------------------------------------ state and accounting
 
@@ -154,15 +153,20 @@ class InformationBuffer:
         """True when every push has been popped and every word is back to zero (one host sync)."""
         return self.words.is_empty()
 
-    def word_count(self) -> int:
-        """Words per lane in use: the stacked ones plus the live one (one host sync)."""
-        return self.words.word_count()
+    def heights(self) -> list[int]:
+        """Each tile's stack height: its words per lane in use but the live one (one host sync)."""
+        return self.words.heights()
+
+    def words_in_use(self) -> int:
+        """Words in use over all lanes: each tile's stacked ones plus its live one (one host sync)."""
+        return self.words.words_in_use()
 
     def allocated_bits(self) -> int:
         """Bits of information storage in use: every lane's words plus the overflow log.
 
         This counts words that hold (or are ready to hold) forgotten bits; spare stack slots
-        allocated ahead of need are in :meth:`reserved_bits`. The overflow flags count 8 bits each (bytes).
+        allocated ahead of need are in :meth:`reserved_bits`. The overflow flags count 8 bits each (a byte per push
+        and tile).
         """
         return self.words.allocated_bits()
 
@@ -200,10 +204,10 @@ class InformationBuffer:
             if t.device != self.device:
                 raise ValueError(f"{op}: {name} is on {t.device} but the buffer is on {self.device}")
 
-    def _folded(self, op: str, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Checked arguments of push_mul/pop_div, folded onto the lane rows: h, z as int64 with padded
-        lanes set to 2^R_Z (a no-op, so padding needs no valid z), and the active lanes."""
+    def _numerators(self, op: str, h: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Checked arguments of push_mul/pop_div: z as int64 with padded lanes set to 2^R_Z (a no-op, so
+        padding needs no valid z), and the active lanes [batch, width] (None: all)."""
         if not isinstance(h, torch.Tensor) or h.dtype != torch.int32:
             raise TypeError(f"{op}: h must be an int32 fixed-point tensor, got {getattr(h, 'dtype', type(h))}")
         if not isinstance(z, torch.Tensor) or z.dtype.is_floating_point or z.dtype.is_complex or z.dtype == torch.bool:
@@ -222,7 +226,7 @@ class InformationBuffer:
             elif mask.shape != h.shape:
                 raise ValueError(f"{op}: mask must have shape [{self.batch}] or {list(h.shape)}, "
                                  f"got {list(mask.shape)}")
-            active = self.words.fold(mask.expand_as(h))
+            active = mask.expand_as(h)
             zl = torch.where(mask, zl, FORGET_ONE)
         min_numerator = self.words.limit.min_numerator
         bad = (zl < min_numerator) | (zl > FORGET_ONE)
@@ -231,8 +235,7 @@ class InformationBuffer:
                 raise ValueError(numerator_message(min_numerator))
         else:
             self.words.record_error(bad, BAD_NUMERATOR)
-        zl = zl.clamp(min_numerator, FORGET_ONE)
-        return self.words.fold(h), self.words.fold(zl), active
+        return zl.clamp(min_numerator, FORGET_ONE), active
 
 
 __all__ = ["BufferError", "InformationBuffer"]

@@ -10,11 +10,11 @@ and for :meth:`~buffers.InformationBuffer.push_update` itself: room on the stack
 writes, the widths that check that pops mirror pushes, the bits destroyed. That is this module:
 
     plan = buf.plan_push((width_c, 0), (width_h, stored), limit=limit)  # updates in push order
-    kernel(..., *plan.tensors(), plan.flags[0], plan.flags[1], ..., limit.min_numerator)
+    kernel[tiles](..., *plan.tensors(), plan.tile_rows, plan.flags[0], plan.flags[1], ..., limit.min_numerator)
     plan.done(lost_c, lost_h)  # after the kernel: record the pushes (and raise eager errors)
 
     plan = buf.plan_pop((width_c, 0), (width_h, stored), limit=limit)  # the same updates, in push order
-    kernel(..., *plan.tensors(), plan.flags[0], plan.flags[1], ...)  # pops h first, then c
+    kernel[tiles](..., *plan.tensors(), plan.tile_rows, plan.flags[0], plan.flags[1], ...)  # pops h, then c
     plan.done()
 
 An update is ``(width, stored)``: a [batch, width] state slice whose first ``stored`` columns are
@@ -41,9 +41,14 @@ class _Plan:
         self.widths = [words.update_widths(width, stored) for width, stored in updates]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The word tensors a walk reads and writes in place: live words, stack, height, flags, error code."""
+        """The word tensors a walk reads and writes in place: live words, stack, heights, flags, error code."""
         w = self.words
         return w.curr, w.stack, w.top, w.flags, w.status
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows per tile of the buffer (see :mod:`buffers.words`): a walk's program takes one tile."""
+        return self.words.tile_rows
 
     def _flags_from(self, first: int) -> list[int]:
         flags = []

@@ -1,25 +1,31 @@
 """The information buffer's words and their bookkeeping, shared by every backend.
 
-Layout. Every lane owns a stack of int64 words: ``units`` lanes per batch row, each row's columns
-folded onto its own lanes, or (``share_rows``) all rows' columns folded onto all the lanes. The live
-word of every lane sits in ``curr``, [batch, units] or [1, batch·units] when rows share; full words
-sit in ``stack`` [capacity, ...], all lanes together, so adding a word is one slab write instead
-of a per-lane branch. When any *active* lane's live word could overflow on the next multiply
-(B ≥ 2^(63−R_Z)), the whole live slab is pushed and reset to zero: all lanes grow together, which
-keeps the structure one dense tensor. A flag per push remembers which ones overflowed, so the pops
-can undo them at the mirrored push.
+Layout. Every batch row owns ``units`` lanes, each a stack of int64 words: the live word in ``curr``
+[batch, units], full words below it in ``stack`` [capacity, batch, units]. A group (one update of a
+state slice, [batch, width]) is pushed in chunks of ``units`` columns: chunk c puts columns
+[c·units, (c+1)·units) of every row on that row's lanes. The rows form *tiles* of ``tile_rows``
+sentences (the last may have fewer), and a tile is the unit of the stack: when any *active* lane of
+a tile has a live word that could overflow on the next multiply (B ≥ 2^(63−R_Z)), the tile's live
+words are pushed together and reset to zero, and the tile's height ``top[tile]`` grows by one. So a
+stack level is a dense slab of the tile's lanes, and a bit per push and tile remembers which tiles
+overflowed, so the pops can undo them at the mirrored push: ``flags`` [⌈pushes/8⌉, tiles] uint8, push
+p's bit being bit p mod 8 of row ⌊p/8⌋ (:func:`flag_position`).
 
-A *group* (one update of a state slice) makes one push per chunk of ``lanes`` folded columns; the
-host keeps every push's width, which checks that pops mirror pushes without reading the device.
+Tiles are independent: what a tile's rows compute depends on those rows only, never on their batch
+mates in other tiles (the words feed the lowest bits of every product, so a batch-wide slab would make
+every sentence's low bits depend on the whole batch), and each tile's walk is a program of its own on
+a GPU. ``tile_rows`` and ``units`` are part of what a run computes.
 
-No host sync per step. Whether a push overflows is known only on the device, so the stack height
-``top`` is a device tensor. The host needs just an upper bound on it to keep the stack large enough:
-after a reset a word grows by at most k bits per push (k = max forgotten bits), so two overflows
-are at least ⌈53/k⌉ pushes apart. The host reads the true height only when that bound reaches the
-capacity; capacity then grows with the height, so the reads grow with log T and growth copies are
-amortized O(1) per word. Bad input (a range error, a bad numerator) is likewise an error code on
-the device, ``status``: raised at once with ``eager_checks`` (a CPU reads it for free), else at the
-next read the stack needs anyway or at :meth:`WordStack.check`.
+The host keeps every push's width, which checks that pops mirror pushes without reading the device.
+
+No host sync per step. Whether a push overflows is known only on the device, so the heights ``top``
+are a device tensor. The host needs just an upper bound on the highest to keep the stack large enough:
+after a reset a word grows by at most k bits per push (k = max forgotten bits), so two overflows of a
+tile are at least ⌈53/k⌉ pushes apart, and every tile sees every push. The host reads the heights only
+when that bound reaches the capacity; capacity then grows with the highest, so the reads grow with
+log T and growth copies are amortized O(1) per word. Bad input (a range error, a bad numerator) is
+likewise an error code on the device, ``status``: raised at once with ``eager_checks`` (a CPU reads it
+for free), else at the next read the stack needs anyway or at :meth:`WordStack.check`.
 """
 
 from __future__ import annotations
@@ -61,6 +67,12 @@ def numerator_message(min_numerator: int) -> str:
     return f"forget numerators must lie in [{min_numerator}, {FORGET_ONE}]"
 
 
+#: Sentences per tile when a caller names none. Smaller tiles waste fewer words on rows that forget less than
+#: their tile's fullest (or are padding) and cost more flag bits; 8 keeps the words in use at or below those of
+#: lanes shared by a whole batch (docs/memory.md#buffer-tiles). On a GPU a tile is one program's work.
+TILE_ROWS = 8
+
+
 class WordStack:
     """The device tensors of an information buffer and the host-side record of its pushes.
 
@@ -69,50 +81,53 @@ class WordStack:
     them large enough and the pops in mirror order. See the module docstring for the layout.
     """
 
-    def __init__(self, batch: int, units: int, device: torch.device, limit: ForgetLimit, share_rows: bool,
+    def __init__(self, batch: int, units: int, device: torch.device, limit: ForgetLimit, tile_rows: int,
                  eager_checks: bool) -> None:
         self.batch, self.units, self.device, self.eager_checks = batch, units, device, eager_checks
         self.limit = limit  # numerators below limit.min_numerator are rejected
         bits_per_push = FORGET_RADIX if limit.bits is None else limit.bits
         self._overflow_gap = math.ceil((63 - FORGET_RADIX) / bits_per_push)
 
+        self.tile_rows = min(tile_rows, batch)
+        self.tiles = math.ceil(batch / self.tile_rows)
         long = dict(dtype=torch.int64, device=device)
-        # The lanes as the pushes see them: [rows, lanes], one row of all lanes when rows share them.
-        self.lane_rows, lanes = (1, batch * units) if share_rows else (batch, units)
-        self.curr = torch.zeros(self.lane_rows, lanes, **long)
-        self.stack = torch.zeros(1 + _MIN_FREE_WORDS, self.lane_rows, lanes, **long)
-        self.top = torch.zeros(1, **long)
-        # One overflow flag per push (a byte each: one indexed write per push, where a packed bit
-        # log costs half a dozen ops; the flags are < 1 % of the words for any real batch).
-        self.flags = torch.zeros(64, dtype=torch.bool, device=device)
+        self.curr = torch.zeros(batch, units, **long)
+        self.stack = torch.zeros(1 + _MIN_FREE_WORDS, batch, units, **long)
+        self.top = torch.zeros(self.tiles, **long)
+        # One overflow bit per push and tile, 8 to a byte: with few lanes (3, numba's default) a push is a few
+        # words a tile, and a byte a flag would cost as much again as the words (docs/memory.md#buffer-tiles).
+        self.flags = torch.zeros(8, self.tiles, dtype=torch.uint8, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
+        self._tile_of_row: torch.Tensor | None = None  # made when a backend asks for it
         self._group_lost: list[torch.Tensor | float] = []  # bits each pushed group destroyed
         self._widths: list[int] = []  # width of every push, host side: checks LIFO order for free
         self._widths_of: dict[int, list[int]] = {}  # chunk_widths by group width: the same few every step
-        self._known_top = 0  # true stack height at the last read ...
+        self._known_top = 0  # highest stack at the last read ...
         self._pushes_at_read = 0  # ... and the number of pushes then
-        self.syncs = 0  # reads of the height done to size the stack (reported by the benchmarks)
+        self.syncs = 0  # reads of the heights done to size the stack (reported by the benchmarks)
 
     @property
     def lanes(self) -> int:
-        """Lanes per lane row: the columns one push takes from each (folded) row."""
-        return self.curr.shape[1]
+        """Lanes per row: the columns one push takes from each row."""
+        return self.units
 
     @property
     def pushes(self) -> int:
         """Pushes not yet popped."""
         return len(self._widths)
 
+    def tile_of_row(self) -> torch.Tensor:
+        """Each row's tile, [batch] int64 on the device (for backends that index by it)."""
+        if self._tile_of_row is None:
+            self._tile_of_row = torch.arange(self.batch, device=self.device) // self.tile_rows
+        return self._tile_of_row
+
     # ------------------------------------------------------------------ widths and order
 
-    def fold(self, t: torch.Tensor) -> torch.Tensor:
-        """[batch, w] as the lanes take it: unchanged, or one row of batch·w columns when rows share lanes."""
-        return t.reshape(self.lane_rows, -1)
-
     def chunk_widths(self, width: int) -> list[int]:
-        """The width of each push that a folded group of this width makes (not to be modified)."""
-        # Memoized: with shared rows a group makes dozens of pushes, and building their list per call
-        # would cost a noticeable share of a compiled update (docs/performance.md#memoized-push-widths).
+        """The width of each push that a group of this width makes (not to be modified)."""
+        # Memoized: a group makes up to dozens of pushes, and building their list per call would cost a
+        # noticeable share of a compiled update (docs/performance.md#memoized-push-widths).
         if width not in self._widths_of:
             lanes = self.lanes
             self._widths_of[width] = [min(lanes, width - start) for start in range(0, width, lanes)]
@@ -120,7 +135,7 @@ class WordStack:
 
     def update_widths(self, width: int, stored: int) -> list[int]:
         """Push widths of an update of ``width`` columns of every row whose first ``stored`` skip the buffer."""
-        return self.chunk_widths((width - stored) * self.batch // self.lane_rows)
+        return self.chunk_widths(width - stored)
 
     def check_pop(self, widths: list[int]) -> None:
         """Raise unless the last pushes had these widths (in push order): pops must mirror pushes."""
@@ -138,34 +153,43 @@ class WordStack:
     # ------------------------------------------------------------------ capacity
 
     def reserve(self, pushes: int) -> None:
-        """Make sure the next ``pushes`` pushes have stack slots and flags, reading the height on the
-        host only when the proven bound says the stack might be full."""
+        """Make sure the next ``pushes`` pushes have stack slots and flags, reading the heights on the
+        host only when the proven bound says the highest stack might be full."""
         after = len(self._widths) + pushes
         bound = self._known_top + math.ceil((after - self._pushes_at_read) / self._overflow_gap)
         if bound + 1 > self.stack.shape[0]:
             self.syncs += 1
             self.check()
-            self._known_top, self._pushes_at_read = int(self.top), len(self._widths)
+            self._known_top, self._pushes_at_read = int(self.top.max()), len(self._widths)
             # Keep free a share of the height, not a fixed number of words: the bound assumes every
             # push forgets limit.bits, so it outruns the true height, and a fixed margin would be used
-            # up every few steps. With half the height free the reads grow with log T, not with T.
+            # up every few steps. With half the height free the reads grow with log T, not with T, and
+            # the stack grows geometrically with the height (each growth a copy). No more than that: the
+            # highest tile sizes every tile's stack.
             needed = (self._known_top + 1 + math.ceil(pushes / self._overflow_gap)
                       + max(_MIN_FREE_WORDS, self._known_top // 2))
             if needed > self.stack.shape[0]:
-                self.stack = _grow(self.stack, max(needed, self.stack.shape[0] * 3 // 2))
-        if after > self.flags.shape[0]:
-            self.flags = _grow(self.flags, max(after, 2 * self.flags.shape[0]))
+                self.stack = _grow(self.stack, needed)
+        if _flag_bytes(after) > self.flags.shape[0]:
+            self.flags = _grow(self.flags, max(_flag_bytes(after), 2 * self.flags.shape[0]))
 
     def reserve_flags(self, pushes: int) -> None:
         """Room in the flag log for ``pushes`` more pushes, grown to exactly that (:meth:`reserve` doubles)."""
-        after = len(self._widths) + pushes
+        after = _flag_bytes(len(self._widths) + pushes)
         if after > self.flags.shape[0]:
             self.flags = _grow(self.flags, after)
+
+    def overflows(self) -> torch.Tensor:
+        """Which tiles each unpopped push stacked, [pushes, tiles] bool: the flags unpacked (for tests and
+        diagnosis; the backends read and write the bits in place)."""
+        bits = (self.flags[:, None, :] >> torch.arange(8, dtype=torch.uint8, device=self.device)[None, :, None]) & 1
+        return bits.reshape(-1, self.tiles)[: self.pushes].bool()
 
     # ------------------------------------------------------------------ records
 
     def record_push(self, widths: list[int], lost: torch.Tensor | float) -> None:
-        """Note a pushed group: its pushes' widths and the bits it destroyed."""
+        """Note a pushed group: its pushes' widths and the bits it destroyed (a float, or a device tensor of
+        them, summed when :meth:`optimal_bits` reads them)."""
         self._widths.extend(widths)
         self._group_lost.append(lost)
 
@@ -202,15 +226,20 @@ class WordStack:
     def is_empty(self) -> bool:
         """True when every push has been popped and every word is back to zero (one host sync)."""
         self.check()
-        return not self._widths and int(self.top) == 0 and not bool(self.curr.any())
+        return not self._widths and not bool(self.top.any()) and not bool(self.curr.any())
 
-    def word_count(self) -> int:
-        """Words per lane in use: the stacked ones plus the live one (one host sync)."""
-        return int(self.top) + 1
+    def heights(self) -> list[int]:
+        """Each tile's stack height (one host sync)."""
+        return self.top.tolist()
+
+    def words_in_use(self) -> int:
+        """Words in use, over all lanes: each tile's stacked ones plus its live one (one host sync)."""
+        rows = [min(self.tile_rows, self.batch - tile * self.tile_rows) for tile in range(self.tiles)]
+        return self.units * sum((height + 1) * n for height, n in zip(self.heights(), rows))
 
     def allocated_bits(self) -> int:
-        """Words in use plus the overflow log, in bits (flags count 8 bits each: bytes)."""
-        return 64 * self.word_count() * self.batch * self.units + 8 * self.pushes
+        """Words in use plus the overflow log (a bit per push and tile), in bits."""
+        return 64 * self.words_in_use() + self.pushes * self.tiles
 
     def reserved_bits(self) -> int:
         """Bits of device memory the tensors occupy, spare capacity and bookkeeping included."""
@@ -221,8 +250,17 @@ class WordStack:
     def optimal_bits(self) -> float:
         """Σ −log2(z* / 2^R_Z) over active lanes of the groups not yet popped."""
         on_host = sum(x for x in self._group_lost if not isinstance(x, torch.Tensor))
-        on_device = [t.reshape(()) for t in self._group_lost if isinstance(t, torch.Tensor)]
-        return float(on_host) + (float(torch.stack(on_device).sum()) if on_device else 0.0)
+        on_device = [t.reshape(-1) for t in self._group_lost if isinstance(t, torch.Tensor)]  # a scalar or per tile
+        return float(on_host) + (float(torch.cat(on_device).sum()) if on_device else 0.0)
+
+
+def flag_position(push: int) -> tuple[int, int]:
+    """Where push ``push``'s overflow bits are: (row of ``flags``, bit in each tile's byte)."""
+    return push >> 3, push & 7
+
+
+def _flag_bytes(pushes: int) -> int:
+    return (pushes + 7) >> 3
 
 
 def _grow(t: torch.Tensor, rows: int) -> torch.Tensor:

@@ -37,6 +37,21 @@ INTERPRETED_TRITON = pytest.param(("cpu", "triton"), id="cpu-triton-interpreted"
 ALL_BACKENDS = FAST_BACKENDS + [INTERPRETED_TRITON]
 
 
+def assert_same_words(a, b) -> None:
+    """Two information buffers hold the same words bit for bit: live words, each tile's stack up to its height
+    (the slots above are scratch), heights, flags, error code and pushes."""
+    a.check()
+    b.check()
+    wa, wb = a.words, b.words
+    heights = a.heights()
+    assert heights == b.heights() and a.pushes == b.pushes
+    assert torch.equal(wa.curr.cpu(), wb.curr.cpu())
+    for tile, height in enumerate(heights):
+        rows = slice(tile * wa.tile_rows, (tile + 1) * wa.tile_rows)
+        assert torch.equal(wa.stack[:height, rows].cpu(), wb.stack[:height, rows].cpu()), f"tile {tile}"
+    assert torch.equal(wa.overflows().cpu(), wb.overflows().cpu())
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> torch.device:
     """CPU always; CUDA where a GPU is present (skipped cleanly elsewhere)."""

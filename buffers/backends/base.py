@@ -18,11 +18,10 @@ class BufferBackend(ABC):
     and records widths; a backend only computes, reading and writing the words in place. Errors
     found on the device go to ``words.status`` (see :mod:`buffers.words`).
 
-    ``push_mul``/``pop_div`` take a group already folded onto the lane rows ([lane_rows, width]),
-    int64 numerators already checked and ``active`` [lane_rows, width] (or None: all lanes);
-    ``push_update``/``pop_update`` take a whole update of [batch, width] (float z and u, row mask
-    [batch], the first ``stored`` columns skipping the buffer) and fold it themselves. The push
-    of a group writes flags ``first_flag, first_flag + 1, ...``; its pop reads the same ones.
+    ``push_mul``/``pop_div`` take a group [batch, width], int64 numerators already checked and ``active``
+    [batch, width] (or None: all lanes); ``push_update``/``pop_update`` take a whole update of [batch, width]
+    (float z and u, row mask [batch], the first ``stored`` columns skipping the buffer). The push of a
+    group writes flag rows ``first_flag, first_flag + 1, ...`` (one flag per tile); its pop reads the same.
     Pushes return (output, bits destroyed over active lanes, as a float or a device scalar).
     """
 

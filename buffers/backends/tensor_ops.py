@@ -1,8 +1,9 @@
 """The torch backend: the buffer's arithmetic as tensor ops, on any device.
 
 This is the readable reference the compiled backends are checked against. Each push of a chunk of
-lanes is a dozen or so small ops (on CUDA, as many kernel launches), and a 300-unit half folded onto
-16 lanes is ten chunks: correct everywhere, fast nowhere. No op reads the device on the host.
+lanes is a dozen or so small ops (on CUDA, as many kernel launches), and a 300-unit half on 16 lanes
+a row is 19 chunks: correct everywhere, fast nowhere. No op reads the device on the host. Every tile
+is handled at once: its overflow decision is an OR over its rows, and its rows index its own stack.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from ..fixed import FORGET_ONE, FORGET_RADIX, INT32_MAX, INT32_MIN, outside_int32, round_fixed
 from ..multiply import div_exact, mul_exact
-from ..words import OUT_OF_RANGE, STATE_OVERFLOW, TERM_OVERFLOW, WORD_LIMIT, WordStack
+from ..words import OUT_OF_RANGE, STATE_OVERFLOW, TERM_OVERFLOW, WORD_LIMIT, WordStack, flag_position
 from .base import BufferBackend
 
 
@@ -48,10 +49,8 @@ class TorchBackend(BufferBackend):
         out = torch.where(rows, (h64 >> FORGET_RADIX) * zq, h64)
         lost = 0.0
         if stored < h.shape[1]:
-            active = words.fold(rows.expand(-1, h.shape[1] - stored))
-            pushed, lost = self.push_mul(words, words.fold(h[:, stored:]), words.fold(zq[:, stored:]), active,
-                                         first_flag)
-            out[:, stored:] = pushed.reshape(h.shape[0], -1)
+            active = rows.expand(-1, h.shape[1] - stored)
+            out[:, stored:], lost = self.push_mul(words, h[:, stored:], zq[:, stored:], active, first_flag)
         return _checked(words, out + ui), lost
 
     def pop_update(self, words, h, z, u, mask, stored, first_flag):
@@ -59,26 +58,29 @@ class TorchBackend(BufferBackend):
         before = _checked(words, h.long() - ui)
         out = before.clone()
         if stored < h.shape[1]:
-            active = words.fold(mask[:, None].expand(-1, h.shape[1] - stored))
-            popped = self.pop_div(words, words.fold(before[:, stored:]), words.fold(zq[:, stored:]), active,
-                                  first_flag)
-            out[:, stored:] = popped.reshape(h.shape[0], -1)
+            active = mask[:, None].expand(-1, h.shape[1] - stored)
+            out[:, stored:] = self.pop_div(words, before[:, stored:], zq[:, stored:], active, first_flag)
         return out
 
     @staticmethod
     def _push(words: WordStack, h: torch.Tensor, zl: torch.Tensor, active: torch.Tensor | None,
               flag: int) -> torch.Tensor:
         live = words.curr[:, : h.shape[1]]
-        overflow = live >= WORD_LIMIT
+        full = live >= WORD_LIMIT
         if active is not None:
-            overflow &= active
-        overflow = overflow.any()
-        # Save the live slab into the slot above the stack; the flag decides whether it counts
-        # (``top`` advances) and whether the live words restart from zero.
-        words.stack.index_copy_(0, words.top, words.curr.unsqueeze(0))
-        words.curr.masked_fill_(overflow, 0)
+            full &= active
+        # A tile overflows when any active lane of its rows could: an OR over each tile's rows.
+        tile_of_row = words.tile_of_row()
+        overflow = torch.zeros(words.tiles, dtype=torch.int64, device=h.device).index_add_(
+            0, tile_of_row, full.any(1).long()) > 0
+        row_overflow = overflow[tile_of_row, None]
+        # Save every row's live words into the slot above its tile's stack; the flag decides whether they
+        # count (the tile's ``top`` advances) and whether its live words restart from zero.
+        words.stack[words.top[tile_of_row], torch.arange(words.batch, device=h.device)] = words.curr
+        words.curr.masked_fill_(row_overflow, 0)
         words.top += overflow
-        words.flags[flag] = overflow
+        row, bit = flag_position(flag)
+        words.flags[row] = (words.flags[row] & ~(1 << bit)) | (overflow.to(torch.uint8) << bit)
 
         h_new, buf_new = mul_exact(h, live, zl)
         if active is not None:
@@ -96,15 +98,17 @@ class TorchBackend(BufferBackend):
             h_new = torch.where(active, h_new, h)
             buf_new = torch.where(active, buf_new, live)
         live.copy_(buf_new)
-        overflow = words.flags[flag]
-        below = words.stack.index_select(0, (words.top - 1).clamp(min=0)).squeeze(0)
-        words.curr.copy_(torch.where(overflow, below, words.curr))
+        row, bit = flag_position(flag)
+        overflow = ((words.flags[row] >> bit) & 1).bool()
+        tile_of_row = words.tile_of_row()
+        below = words.stack[(words.top - 1).clamp(min=0)[tile_of_row], torch.arange(words.batch, device=h.device)]
+        words.curr.copy_(torch.where(overflow[tile_of_row, None], below, words.curr))
         words.top -= overflow.long()
         return h_new
 
 
 def _chunks(words: WordStack, width: int) -> list[slice]:
-    """The columns of a folded group that each push takes, one per lane."""
+    """The columns of a group that each push takes, one per lane."""
     return [slice(start, start + w) for start, w in zip(range(0, width, words.lanes), words.chunk_widths(width))]
 
 

@@ -10,18 +10,17 @@ products where they would be loaded (:mod:`revnmt.rnn.kernels.triton_steps`), so
 this backend makes from the same z and u. The host keeps the books of a fused call through
 :mod:`buffers.plans`.
 
-A walk is a single program that walks the update's chunks in order, as the numba loops do: the
-overflow decision of a chunk is a reduction over the whole slab (all lane rows × lanes) and changes
-what the next chunk sees, so the chunks of one update cannot run in parallel. The live slab stays in
-``words.curr`` and the program goes over it in tiles of at most ``_LANE_TILE`` lanes, twice a chunk
-(the reduction, then the update). So one compiled kernel serves every batch size, and a large slab (a
-2,048-sentence batch has 32,768 lanes) costs more iterations, not more registers: a slab held whole in
-registers would need a kernel compiled for every power of two of lanes, and spill once it is large. The
-stored columns, which skip the buffer, take the plain floor product. The walk adds, and checks every
-int32 range, writing an error code to ``words.status`` instead of raising, so that nothing is read on
-the host per step. The stack height ``top`` stays on the device; the host sizes the stack from the
-proven bound (:mod:`buffers.words`). A kernel reads the height and starts its error code
-(:func:`open_slab`), runs its walks and stores them (:func:`close_slab`).
+A walk is one program per tile of the buffer (:mod:`buffers.words`): a tile's rows are independent of
+every other tile's, so the tiles of a batch run side by side across the GPU. Inside a tile the walk goes
+over the update's chunks in order, as the numba loops do: a chunk's overflow decision is a reduction over
+the tile's lanes (rows × lanes) and changes what the next chunk sees, so the chunks of one update cannot
+run in parallel. The program goes over the tile's lanes in blocks of at most ``_LANE_TILE``, twice a chunk
+(the reduction, then the update); at 16 rows of 16 lanes one block holds them all. The stored columns,
+which skip the buffer, take the plain floor product. The walk adds, and checks every int32 range, writing
+an error code to ``words.status`` instead of raising, so that nothing is read on the host per step. The
+stack heights ``top`` stay on the device; the host sizes the stack from the proven bound
+(:mod:`buffers.words`). A kernel finds its tile and reads its height (:func:`open_tile`), runs its walks
+and stores the height and the error code (:func:`close_tile`).
 
 The arithmetic is integer and exact, so it is the same on any device; the tests run these kernels
 under ``TRITON_INTERPRET=1`` on CPU tensors and compare them bit for bit with the numba and torch
@@ -59,7 +58,7 @@ STATE_OVERFLOW = tl.constexpr(wordstack.STATE_OVERFLOW)
 OUT_OF_RANGE = tl.constexpr(wordstack.OUT_OF_RANGE)
 
 _ELEMENT_BLOCK = 1024  # elements per iteration over the stored columns
-_LANE_TILE = 4096  # lanes of the slab per iteration of a walk's chunk: 8 a thread with 16 warps
+_LANE_TILE = 4096  # lanes of a tile per iteration of a walk's chunk: 8 a thread with 16 warps
 
 
 # ---------------------------------------------------------------------------- fixed point
@@ -122,42 +121,49 @@ def _record(status, bad, code):
 
 
 @triton.jit
-def elements(start, batch, columns, ELEMENT_BLOCK: tl.constexpr):
-    """A block of the first ``columns`` columns of [batch, ...], read row after row from element ``start``:
+def elements(start, rows, columns, ELEMENT_BLOCK: tl.constexpr):
+    """A block of the first ``columns`` columns of ``rows`` rows, read row after row from element ``start``:
     (valid, row, column). The stored columns are walked this way, elementwise."""
     e = start + tl.arange(0, ELEMENT_BLOCK)
-    return e < batch * columns, e // columns, e % columns
+    return e < rows * columns, e // columns, e % columns
 
 
 @triton.jit
-def _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored, LANE_BLOCK: tl.constexpr):
-    """The tile of the slab's lanes from lane ``tile`` on, and where each takes its column of chunk ``c``:
-    (lane, lane in the slab, valid, row, column of [batch, width]).
+def tile_rows_of(batch, tile_rows):
+    """The program's tile of the batch: (its first row, its number of rows: ``tile_rows`` but in the last)."""
+    first = tl.program_id(0) * tile_rows
+    return first, tl.minimum(tile_rows, batch - first)
 
-    The buffered columns of all rows, read row after row, are folded onto the lane rows: lane
-    (r, k) of chunk c takes folded column j = c·lanes + k of lane row r, element r·folded_width + j of
-    that order, which is row b, column stored + (that % buffered). All values are non-negative.
-    """
-    lane = tile + tl.arange(0, LANE_BLOCK)
-    lane_ok = lane < slab
-    r = lane // lanes
+
+@triton.jit
+def _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK: tl.constexpr):
+    """The block of a tile's lanes from lane ``block`` on, and where each takes its column of chunk ``c``:
+    (lane in the tile, lane in the tile and valid, valid for the chunk, row in the tile, column of
+    [batch, width]). Lane (r, k) of chunk c takes column stored + c·lanes + k of the tile's row r."""
+    lane = block + tl.arange(0, LANE_BLOCK)
+    lane_ok = lane < rows * lanes
     j = c * lanes + lane % lanes
-    valid = lane_ok & (j < folded_width)
-    flat = r * folded_width + j
-    return lane, lane_ok, valid, flat // buffered, stored + flat % buffered
+    return lane, lane_ok, lane_ok & (j < buffered), lane // lanes, stored + j
 
 
 @triton.jit
-def open_slab(top_ptr):
-    """The stack height and the error code (none yet), as a kernel's walks start."""
-    return tl.load(top_ptr), tl.full([], 0, tl.int32)
+def _flag_byte(flags_ptr, push, tiles):
+    """Where push ``push``'s overflow bit is in a tile's column of flags (buffers.words): (its byte, the bit)."""
+    return flags_ptr + (push >> 3) * tiles, push & 7
 
 
 @triton.jit
-def close_slab(top_ptr, status_ptr, top, status):
-    """Store the height and the error code (the largest so far) as a kernel's walks end."""
-    tl.store(top_ptr, top)
-    tl.store(status_ptr, tl.maximum(tl.load(status_ptr), status))
+def open_tile(top_ptr, batch, tile_rows):
+    """A kernel's start: its tile (first row, rows), the tile's stack height, and its error code (none yet)."""
+    first, rows = tile_rows_of(batch, tile_rows)
+    return first, rows, tl.load(top_ptr + tl.program_id(0)), tl.full([], 0, tl.int32)
+
+
+@triton.jit
+def close_tile(top_ptr, status_ptr, top, status):
+    """Store the tile's height, and raise the buffer's error code to the tile's (the largest wins)."""
+    tl.store(top_ptr + tl.program_id(0), top)
+    tl.atomic_max(status_ptr, status)
 
 
 # ---------------------------------------------------------------------------- the walks
@@ -210,16 +216,20 @@ def _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m
 
 @triton.jit
 def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, curr_ptr, stack_ptr,
-              flags_ptr, lost_table_ptr, top, status, batch, width, stored, lane_rows, lanes, min_numerator,
-              GATES: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
-    """h ← z·h + u for one update of a [batch, width] state into ``out``: the first ``stored`` columns by
-    the floor product, the rest through the buffer, one chunk after another onto the slab at ``curr_ptr``
-    (stack height ``top``), the first chunk's overflow flag at ``flags_ptr``. z and u come from ``terms`` (see
+              flags_ptr, first_flag, tiles, lost_table_ptr, top, status, batch, first, rows, width, stored, lanes,
+              min_numerator, GATES: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
+              ELEMENT_BLOCK: tl.constexpr):
+    """h ← z·h + u on the tile of ``rows`` rows from row ``first`` of one update of a [batch, width] state, into
+    ``out``: the first ``stored`` columns by the floor product, the rest through the buffer, one chunk after
+    another onto the tile's lanes (its stack height ``top``; ``curr_ptr`` and ``stack_ptr`` are the buffer's
+    [batch, lanes] and [capacity, batch, lanes]). Chunk c writes its overflow bit as push ``first_flag`` + c of
+    the tile's column of flags at ``flags_ptr`` (:func:`_flag_byte`). z and u come from ``terms`` (see
     :func:`_lane_terms`); ``mask`` marks the live lanes (strided as h is, or a row mask: column stride 0). With
-    FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (height, bits destroyed,
-    error code)."""
-    for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = elements(start, batch, stored, ELEMENT_BLOCK)
+    FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (height, bits destroyed, error
+    code)."""
+    for start in range(0, rows * stored, ELEMENT_BLOCK):
+        ok, r, col = elements(start, rows, stored, ELEMENT_BLOCK)
+        b = first + r
         live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, ok, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs,
                                                  min_numerator, GATES)
         value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
@@ -230,32 +240,32 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
             tl.store(float_ptr + b * width + col, to_float(value), mask=ok)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
 
-    slab = lane_rows * lanes
     buffered = width - stored
-    folded_width = batch * buffered // lane_rows
+    words = first * lanes  # the tile's lanes in curr and in every stack level: rows × lanes from here
+    level = batch * lanes  # one stack level
     lost = tl.zeros((LANE_BLOCK,), dtype=tl.float64)
-    for c in range(0, tl.cdiv(folded_width, lanes)):
-        # All lanes grow together when any active lane's live word could overflow (see words.py): a
-        # reduction over the whole slab, tile by tile, before any word of the chunk changes.
+    for c in range(0, tl.cdiv(buffered, lanes)):
+        # The tile's lanes grow together when any active one's live word could overflow (see words.py): a
+        # reduction over the tile's lanes, block by block, before any word of the chunk changes.
         full = tl.zeros((LANE_BLOCK,), dtype=tl.int32)
-        for tile in range(0, slab, LANE_BLOCK):
-            lane, lane_ok, valid, b, col = _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored,
-                                                         LANE_BLOCK)
-            cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
-            full = tl.maximum(full, tl.where(valid & _live(mask_ptr, m_rs, m_cs, b, col, valid) & (cur >= WORD_LIMIT),
-                                             1, 0))
+        for block in range(0, rows * lanes, LANE_BLOCK):
+            lane, lane_ok, valid, r, col = _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK)
+            cur = tl.load(curr_ptr + words + lane, mask=lane_ok, other=0)
+            live = _live(mask_ptr, m_rs, m_cs, first + r, col, valid)
+            full = tl.maximum(full, tl.where(valid & live & (cur >= WORD_LIMIT), 1, 0))
         overflow = tl.max(full, axis=0) > 0
-        tl.store(flags_ptr + c, overflow)
-        for tile in range(0, slab, LANE_BLOCK):
-            lane, lane_ok, valid, b, col = _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored,
-                                                         LANE_BLOCK)
+        flag, bit = _flag_byte(flags_ptr, first_flag + c, tiles)
+        tl.store(flag, ((tl.load(flag).to(tl.int32) & ~(1 << bit)) | (overflow.to(tl.int32) << bit)).to(tl.uint8))
+        for block in range(0, rows * lanes, LANE_BLOCK):
+            lane, lane_ok, valid, r, col = _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK)
+            b = first + r
             live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
                                                      m_cs, min_numerator, GATES)
             active = valid & live
-            cur = tl.load(curr_ptr + lane, mask=lane_ok, other=0)
-            tl.store(stack_ptr + top * slab + lane, cur, mask=tl.where(overflow, lane_ok, False))
+            cur = tl.load(curr_ptr + words + lane, mask=lane_ok, other=0)
+            tl.store(stack_ptr + top * level + words + lane, cur, mask=tl.where(overflow, lane_ok, False))
             product, cur = _push_lanes(hv, zq, active, tl.where(overflow, 0, cur))
-            tl.store(curr_ptr + lane, cur, mask=lane_ok)
+            tl.store(curr_ptr + words + lane, cur, mask=lane_ok)
             value = product + ui
             bad = _outside_int32(value, valid)
             value = tl.where(bad, 0, value)
@@ -271,14 +281,15 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
 
 @triton.jit
 def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, restore_ptr,
-             restore_rs, curr_ptr, stack_ptr, flags_ptr, top, status, batch, width, stored, lane_rows, lanes,
-             min_numerator, GATES: tl.constexpr, RESTORE: tl.constexpr, FLOAT: tl.constexpr,
+             restore_rs, curr_ptr, stack_ptr, flags_ptr, first_flag, tiles, top, status, batch, first, rows, width,
+             stored, lanes, min_numerator, GATES: tl.constexpr, RESTORE: tl.constexpr, FLOAT: tl.constexpr,
              LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
-    """The exact inverse of :func:`push_walk` with the same z and u, the chunks popped last first, but for
-    the stored columns: they get h − u, or with RESTORE their previous values, copied from ``restore``
-    (where the caller kept them). Returns (height, error code)."""
-    for start in range(0, batch * stored, ELEMENT_BLOCK):
-        ok, b, col = elements(start, batch, stored, ELEMENT_BLOCK)
+    """The exact inverse of :func:`push_walk` on the same tile with the same z and u, the chunks popped last
+    first, but for the stored columns: they get h − u, or with RESTORE their previous values, copied from
+    ``restore`` (where the caller kept them). Returns (height, error code)."""
+    for start in range(0, rows * stored, ELEMENT_BLOCK):
+        ok, r, col = elements(start, rows, stored, ELEMENT_BLOCK)
+        b = first + r
         if RESTORE:
             value = tl.load(restore_ptr + b * restore_rs + col, mask=ok)
         else:
@@ -292,32 +303,34 @@ def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_
         if FLOAT:
             tl.store(float_ptr + b * width + col, to_float(value), mask=ok)
 
-    slab = lane_rows * lanes
     buffered = width - stored
-    folded_width = batch * buffered // lane_rows
-    chunks = tl.cdiv(folded_width, lanes)
+    words = first * lanes
+    level = batch * lanes
+    chunks = tl.cdiv(buffered, lanes)
     for back in range(0, chunks):
         c = chunks - 1 - back
-        overflow = tl.load(flags_ptr + c) != 0  # the push's decision: no reduction to redo
-        for tile in range(0, slab, LANE_BLOCK):
-            lane, lane_ok, valid, b, col = _lane_columns(c, tile, slab, lanes, folded_width, buffered, stored,
-                                                         LANE_BLOCK)
+        flag, bit = _flag_byte(flags_ptr, first_flag + c, tiles)
+        overflow = ((tl.load(flag).to(tl.int32) >> bit) & 1) != 0  # the push's decision: no reduction to redo
+        for block in range(0, rows * lanes, LANE_BLOCK):
+            lane, lane_ok, valid, r, col = _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK)
+            b = first + r
             live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
                                                      m_cs, min_numerator, GATES)
             active = valid & live
             before = hv - ui
             bad = _outside_int32(before, valid)
             value, cur = _pop_lanes(tl.where(bad, 0, before), zq, active,
-                                    tl.load(curr_ptr + lane, mask=lane_ok, other=0))
-            below = tl.load(stack_ptr + (top - 1) * slab + lane, mask=tl.where(overflow, lane_ok, False), other=0)
-            tl.store(curr_ptr + lane, tl.where(overflow, below, cur), mask=lane_ok)
+                                    tl.load(curr_ptr + words + lane, mask=lane_ok, other=0))
+            below = tl.load(stack_ptr + (top - 1) * level + words + lane, mask=tl.where(overflow, lane_ok, False),
+                            other=0)
+            tl.store(curr_ptr + words + lane, tl.where(overflow, below, cur), mask=lane_ok)
             tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
             if FLOAT:
                 tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
             status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
             status = _record(status, _outside_int32(value, active), OUT_OF_RANGE)
         top -= overflow.to(tl.int64)
-        tl.debug_barrier()  # a tile's lanes are the same threads' in every chunk; kept for any layout
+        tl.debug_barrier()  # a block's lanes are the same threads' in every chunk; kept for any layout
     return top, status
 
 
@@ -341,32 +354,35 @@ def _load_terms(args, b, col, valid):
 @triton.jit
 def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
                  curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
-                 batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
+                 batch, width, stored, tile_rows, lanes, first_flag, min_numerator,
                  GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
-    """h ← z·h + u for one update (``out`` is [batch, width], contiguous)."""
-    top, status = open_slab(top_ptr)
+    """h ← z·h + u for one update (``out`` is [batch, width], contiguous), a program per tile; each writes its
+    tile's bits destroyed to ``lost`` [tiles]."""
+    first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
+    tiles = tl.num_programs(0)
     top, lost, status = push_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
                                   mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, curr_ptr, stack_ptr,
-                                  flags_ptr + first_flag, lost_table_ptr, top, status, batch, width, stored, lane_rows,
-                                  lanes, min_numerator, GATES=GATES, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
-                                  ELEMENT_BLOCK=ELEMENT_BLOCK)
-    tl.store(lost_ptr, lost)
-    close_slab(top_ptr, status_ptr, top, status)
+                                  flags_ptr + tl.program_id(0), first_flag, tiles, lost_table_ptr, top, status, batch,
+                                  first, rows, width, stored, lanes, min_numerator, GATES=GATES, FLOAT=False,
+                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    tl.store(lost_ptr + tl.program_id(0), lost)
+    close_tile(top_ptr, status_ptr, top, status)
 
 
 @triton.jit
 def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
                 curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
-                batch, width, stored, lane_rows, lanes, first_flag, min_numerator,
+                batch, width, stored, tile_rows, lanes, first_flag, min_numerator,
                 GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """The exact inverse of :func:`_push_kernel`, but for the stored columns, which get h − u."""
-    top, status = open_slab(top_ptr)
+    first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
+    tiles = tl.num_programs(0)
     top, status = pop_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
                            mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, out_ptr, width, curr_ptr, stack_ptr,
-                           flags_ptr + first_flag, top, status, batch, width, stored, lane_rows, lanes,
-                           min_numerator, GATES=GATES, RESTORE=False, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
-                           ELEMENT_BLOCK=ELEMENT_BLOCK)
-    close_slab(top_ptr, status_ptr, top, status)
+                           flags_ptr + tl.program_id(0), first_flag, tiles, top, status, batch, first, rows, width,
+                           stored, lanes, min_numerator, GATES=GATES, RESTORE=False, FLOAT=False,
+                           LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    close_tile(top_ptr, status_ptr, top, status)
 
 
 #: Compiler options every launch pins. No contraction of a·b + c into an FMA: the kernels' float
@@ -375,28 +391,34 @@ def _pop_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_pt
 COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
-def launch_options(lanes: int) -> dict:
-    """Constexprs and launch options for a slab of ``lanes`` lanes (one program walks them a tile at a time)."""
-    block = min(triton.next_power_of_2(lanes), _LANE_TILE)
+def launch_options(tile_lanes: int) -> dict:
+    """Constexprs and launch options for tiles of ``tile_lanes`` lanes (a program walks its tile's a block at a
+    time)."""
+    block = min(triton.next_power_of_2(tile_lanes), _LANE_TILE)
     return dict(LANE_BLOCK=block, ELEMENT_BLOCK=_ELEMENT_BLOCK, num_warps=max(4, min(16, block // 256)),
                 **COMPILE_OPTIONS)
 
 
+def tile_grid(words: wordstack.WordStack) -> tuple[int]:
+    """A walk's launch grid: a program per tile."""
+    return (words.tiles,)
+
+
 def _push_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
-                 curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
-                 lost: torch.Tensor, lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int,
-                 gates: bool) -> None:
-    _push_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
-                       status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1],
-                       first_flag, min_numerator, GATES=gates, **launch_options(curr.numel()))
+                 words: wordstack.WordStack, lost: torch.Tensor, lost_table: torch.Tensor, stored: int,
+                 first_flag: int, gates: bool) -> None:
+    _push_kernel[tile_grid(words)](
+        *_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, words.curr, words.stack, words.top,
+        words.flags, words.status, lost, lost_table, h.shape[0], h.shape[1], stored, words.tile_rows, words.lanes,
+        first_flag, words.limit.min_numerator, GATES=gates, **launch_options(words.tile_rows * words.lanes))
 
 
 def _pop_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
-                curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
-                stored: int, first_flag: int, min_numerator: int, gates: bool) -> None:
-    _pop_kernel[(1,)](*_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, curr, stack, top, flags,
-                      status, h.shape[0], h.shape[1], stored, curr.shape[0], curr.shape[1], first_flag, min_numerator,
-                      GATES=gates, **launch_options(curr.numel()))
+                words: wordstack.WordStack, stored: int, first_flag: int, gates: bool) -> None:
+    _pop_kernel[tile_grid(words)](
+        *_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, words.curr, words.stack, words.top,
+        words.flags, words.status, h.shape[0], h.shape[1], stored, words.tile_rows, words.lanes, first_flag,
+        words.limit.min_numerator, GATES=gates, **launch_options(words.tile_rows * words.lanes))
 
 
 def _strided(t: torch.Tensor) -> tuple:
@@ -439,16 +461,14 @@ class TritonBackend(BufferBackend):
     @staticmethod
     def _push(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _push_launch(h, z, u, mask, out, words.curr, words.stack, words.top, words.flags, words.status, lost,
-                     lost_table(h.device), stored, first_flag, words.limit.min_numerator, gates)
-        return out, lost
+        lost = torch.empty(words.tiles, dtype=torch.float64, device=h.device)
+        _push_launch(h, z, u, mask, out, words, lost, lost_table(h.device), stored, first_flag, gates)
+        return out, lost  # per tile, summed when the books are read
 
     @staticmethod
     def _pop(words: wordstack.WordStack, h, z, u, mask, stored, first_flag, gates):
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        _pop_launch(h, z, u, mask, out, words.curr, words.stack, words.top, words.flags, words.status, stored,
-                    first_flag, words.limit.min_numerator, gates)
+        _pop_launch(h, z, u, mask, out, words, stored, first_flag, gates)
         return out
 
 
@@ -461,6 +481,7 @@ def _lanes_mask(h: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
 
 __all__ = [
     "COMPILE_OPTIONS", "FORGET_ONE", "FORGET_RADIX", "HIDDEN_SCALE", "INT32_MAX", "INT32_MIN", "OUT_OF_RANGE",
-    "STATE_OVERFLOW", "TERM_OVERFLOW", "TO_FLOAT", "WORD_LIMIT", "TritonBackend", "close_slab", "elements",
-    "fixed_terms", "launch_options", "lost_table", "open_slab", "pop_walk", "push_walk", "to_float",
+    "STATE_OVERFLOW", "TERM_OVERFLOW", "TO_FLOAT", "WORD_LIMIT", "TritonBackend", "close_tile", "elements",
+    "fixed_terms", "launch_options", "lost_table", "open_tile", "pop_walk", "push_walk", "tile_grid",
+    "tile_rows_of", "to_float",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass
 
-from buffers import MAX_FORGET_CHOICES
+from buffers import MAX_FORGET_CHOICES, TILE_ROWS
 from revnmt.options import RUN_DEFINING, RUN_TIME, check_options, option, positive, probability_below_one
 from revnmt.rnn import backends
 
@@ -132,9 +132,13 @@ class ExecutionConfig:
     is no part of :class:`ModelConfig` (the layout, which moves the low bits of a run, is run-defining)."""
 
     buffer_lanes: int | None = option(None, type=int, check=positive, role=RUN_DEFINING,
-                                      help="information-buffer lanes per sentence, shared by the batch (reversible "
-                                      "RNNs; default: " + ", ".join(f"{b.lanes} with {b.name}"
-                                                                    for b in backends.BACKENDS.values()) + ")")
+                                      help="information-buffer lanes per sentence (reversible RNNs; default: "
+                                      + ", ".join(f"{b.lanes} with {b.name}" for b in backends.BACKENDS.values())
+                                      + ")")
+    buffer_tile: int = option(TILE_ROWS, check=positive, role=RUN_DEFINING,
+                              help="sentences per information-buffer tile (reversible RNNs): a tile's lanes fill a "
+                              "stack of its own, so its sentences never depend on the rest of the batch, and on a GPU "
+                              "each tile is one program's work")
     buffer_backend: str = option("auto", choices=backends.CHOICES, role=RUN_TIME,
                                  help="where the information buffer's arithmetic runs (reversible RNNs): compiled CPU "
                                  "loops (numba), one Triton kernel per update (triton, CUDA), or tensor ops (torch, "

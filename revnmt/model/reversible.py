@@ -75,7 +75,8 @@ class ReversibleSeq2Seq(Seq2Seq):
 
         def make(slice_dim: int, **chunk) -> ReversibleRNN:
             return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
-                                 cfg.max_forget_bits, slice_dim, run.buffer_lanes, run.buffer_backend, **chunk)
+                                 cfg.max_forget_bits, slice_dim, run.buffer_lanes, run.buffer_backend,
+                                 buffer_tile=run.buffer_tile, **chunk)
         # only the encoder stores units of its top layer for attention
         k = cfg.stored_per_direction
         encoder = BidirectionalReversibleRNN(make(k), make(k)) if cfg.bidirectional else make(k)
@@ -156,7 +157,7 @@ class ReversibleSeq2Seq(Seq2Seq):
 
     def encoder_outputs(self, src: torch.Tensor, src_len: torch.Tensor) -> tuple[torch.Tensor | None, list]:
         # Without the buffer (nothing will be reversed): a sentence's encoding then does not
-        # depend on its batch mates, which share a buffer's lanes in training.
+        # depend on its batch mates, which share a buffer tile in training.
         tape = self.encoder.forward_sweep(EmbeddedTokens(self.src_emb, src, None), src != PAD, reversible=False)
         return None if tape.slices is None else to_float(tape.slices), DecoderStart(self.bridge, tape).states
 

@@ -36,8 +36,8 @@ class Backend:
     name: str
     #: Buffer lanes per batch row when a layer asks for none. The numba loops walk any lane count in one
     #: call, and few lanes fill their 64-bit words best (docs/memory.md#buffer-lanes); the torch backend
-    #: loops over a half's ⌈(H/2) / lanes⌉ chunks, each a few kernel launches, and the Triton kernel over the
-    #: same chunks inside one program, so there more lanes are faster.
+    #: loops over a half's ⌈(H/2) / lanes⌉ chunks, each a few kernel launches, and a Triton program over the
+    #: same chunks of its tile, so there more lanes are faster.
     lanes: int
     #: Reverse steps whose recurrent weight gradients go into one product (:class:`~.cells.RecurrentGrads`).
     #: A chunk is held memory; on a CPU a per-step product is already compute-bound, where small products
@@ -60,9 +60,10 @@ class Backend:
         """The buffer's operations (made on first use: :func:`on_device` has checked the device)."""
         return backends.by_name(self.name)
 
-    def new_buffer(self, batch: int, lanes: int, device: torch.device, limit: ForgetLimit) -> InformationBuffer:
-        """An information buffer of this backend whose rows share ``lanes`` lanes each (see ``ReversibleRNN``)."""
-        return InformationBuffer(batch, lanes, device, limit, backend=self.buffer, share_rows=True)
+    def new_buffer(self, batch: int, lanes: int, device: torch.device, limit: ForgetLimit,
+                   tile_rows: int) -> InformationBuffer:
+        """An information buffer of this backend: ``lanes`` lanes a row, tiles of ``tile_rows`` rows."""
+        return InformationBuffer(batch, lanes, device, limit, backend=self.buffer, tile_rows=tile_rows)
 
     def __reduce__(self):
         return _registered, (self.name,)  # pickled by name: one object per backend in every process

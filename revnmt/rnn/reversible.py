@@ -25,7 +25,15 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from buffers import BufferError, FixedPointOverflowError, ForgetLimit, InformationBuffer, OverflowGuard, to_float
+from buffers import (
+    TILE_ROWS,
+    BufferError,
+    FixedPointOverflowError,
+    ForgetLimit,
+    InformationBuffer,
+    OverflowGuard,
+    to_float,
+)
 
 from . import backends
 from .backends import Backend
@@ -74,21 +82,25 @@ class ReversibleRNN(nn.Module):
             :class:`~buffers.ForgetLimit` (``limit``) that the cells, the buffers and the kernels share.
         slice_dim: store the first ``slice_dim`` units of the top layer's output at every step,
             exactly, as attention memory (0: none).
-        buffer_lanes: lanes per batch row of the information buffer, shared by all rows. The
-            state groups are folded onto them; fewer lanes fill their 64-bit words better. ``None``: the
-            default of the backend (:attr:`Backend.lanes <revnmt.rnn.backends.Backend.lanes>`). The words feed
-            the lowest bits of each product, so the lane count is part of what a run computes.
+        buffer_lanes: lanes per batch row of the information buffer. A half's columns are pushed onto them in
+            chunks; fewer lanes fill their 64-bit words better. ``None``: the default of the backend
+            (:attr:`Backend.lanes <revnmt.rnn.backends.Backend.lanes>`). The words feed the lowest bits of each
+            product, so the lane count is part of what a run computes.
         buffer_backend: where the buffer's arithmetic and the fused steps run (:mod:`revnmt.rnn.backends`):
             ``"auto"`` or a backend's name, resolved once per device (:meth:`backend_on`).
         chunk_steps: steps per chunk of layer 0's input projections (one matrix product each, on a
             fixed grid both sweeps share) and, when the backward sweep takes output gradients, steps
             reversed before their outputs are backpropagated in one call (see :meth:`backward_sweep`).
             Part of what a run computes, like the lanes: the chunk's product rounds each gate.
+        buffer_tile: sentences per tile of the information buffer (:mod:`buffers.words`): a tile's lanes
+            overflow together onto a stack of the tile's own, so a sentence's states depend on its tile's
+            sentences only. Part of what a run computes, like the lanes.
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
                  max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None,
-                 buffer_backend: str = "auto", chunk_steps: int = PROJECTION_STEPS) -> None:
+                 buffer_backend: str = "auto", chunk_steps: int = PROJECTION_STEPS,
+                 buffer_tile: int = TILE_ROWS) -> None:
         super().__init__()
         if cell not in REV_CELLS:
             raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
@@ -98,6 +110,8 @@ class ReversibleRNN(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if buffer_lanes is not None and buffer_lanes < 1:
             raise ValueError(f"buffer_lanes must be positive, got {buffer_lanes}")
+        if buffer_tile < 1:
+            raise ValueError(f"buffer_tile must be positive, got {buffer_tile}")
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be positive, got {chunk_steps}")
         backends.check_name(buffer_backend)
@@ -107,7 +121,7 @@ class ReversibleRNN(nn.Module):
             for layer in range(num_layers)
         )
         self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
-        self.slice_dim, self.buffer_lanes = slice_dim, buffer_lanes
+        self.slice_dim, self.buffer_lanes, self.buffer_tile = slice_dim, buffer_lanes, buffer_tile
         self.buffer_backend, self.chunk_steps = buffer_backend, chunk_steps
         self._backends: dict[torch.device, Backend] = {}
 
@@ -153,16 +167,14 @@ class ReversibleRNN(nn.Module):
         """The information buffer a forward sweep over ``batch`` rows (and ``steps`` steps, if known: its push
         log is then sized once) pushes onto.
 
-        The buffer has ``buffer_lanes`` lanes per batch row, and the rows share them: a half's
-        columns of all rows are folded onto all the lanes in ⌈(H/2) / buffer_lanes⌉ chunks (the
-        lane count evened out: 150 columns on "16" lanes are 10 chunks of 15). Words are added for
-        all lanes when the fullest one overflows, so every lane should fill at the same rate: with
-        lanes of its own, a row that forgets more than the others, or the longest sentence of the
-        batch, would set the size of all of them. Shared, each lane takes columns of many rows.
+        Each row has ``buffer_lanes`` lanes, evened out so that a half's chunks are alike (150 columns on
+        "16" lanes are 10 chunks of 15), and the rows form tiles of ``buffer_tile`` sentences. A tile's
+        lanes get a new word together when its fullest one overflows, so its rows should fill at like
+        rates: batches of like lengths (the bucketing sampler's) waste few words on padding.
         """
         half = self.cells[0].half
         lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
-        buffer = self.backend_on(device).new_buffer(batch, lanes, device, self.limit)
+        buffer = self.backend_on(device).new_buffer(batch, lanes, device, self.limit, self.buffer_tile)
         groups = sum(2 * cell.groups_per_half for cell in self.cells)  # buffered updates per step
         buffer.reserve_pushes(steps * groups * len(buffer.words.update_widths(half, 0)))
         return buffer
@@ -212,9 +224,9 @@ class ReversibleRNN(nn.Module):
 
         ``reversible=False`` (inference, e.g. encoding for translation) uses no buffer: the forgotten
         bits are dropped, as in :meth:`step`, and the tape cannot be reversed. This also makes each
-        row's states depend on its own input only: a buffer's words are shared by the batch's rows
-        and feed the lowest bits of every product, so a sentence would translate slightly differently
-        with other batch mates.
+        row's states depend on its own input only: a buffer's words feed the lowest bits of every
+        product, and a tile's rows overflow together, so a sentence would translate slightly differently
+        with other tile mates.
         """
         with exact_float32(mask.device):
             return self._forward_steps(inputs, _by_steps(mask), initial, dropout, reversible)

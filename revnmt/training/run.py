@@ -175,6 +175,13 @@ def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tu
                        "; ".join(changed_data), checkpoint.training.trainer.epoch)
     for change in config.changes_from(checkpoint.args, CHANGEABLE_ON_RESUME):
         logger.info("changed on resume: %s", change)
+    if config.model.reversible and "buffer_tile" not in checkpoint.args:
+        # Saved before the information buffer had tiles: its rows shared lanes across the whole batch.
+        logger.warning("%s was trained with the information buffer's earlier layout (lanes shared by the whole "
+                       "batch); it resumes with tiles of %d sentences. Weights and optimizer state carry over; the "
+                       "lowest bits of what it computes from here differ from what the earlier layout would have "
+                       "given (docs/reliability.md#resuming-across-buffer-layouts)", save_dir,
+                       config.execution.buffer_tile)
     return checkpoint, bool(changed_data)
 
 

@@ -13,6 +13,7 @@ A failure is one line of error and status 2, found before any work where it can 
 touched as they were.
 """
 
+import dataclasses
 import gzip
 import os
 import re
@@ -196,6 +197,22 @@ def test_options_changed_on_resume_are_applied_or_refused(corpus, tmp_path):
     refused = _train(corpus, run, "--max-steps", "8", "--lr", "0.5", "--optimizer", "sgd")
     _one_line_error(refused, "--optimizer adam -> sgd")
     assert (run / "config.json").read_text() == config  # still what the run uses
+
+
+def test_a_run_saved_before_buffer_tiles_resumes_with_them(corpus, tmp_path):
+    run = tmp_path / "run"
+    assert _train(corpus, run, "--max-steps", "4", "--rnn", "revgru").returncode == 0
+    saved = Checkpoint.load(run / "last.pt")
+    options = {key: value for key, value in saved.args.items() if key != "buffer_tile"}  # as runs before tiles
+    dataclasses.replace(saved, args=options).save(run / "last.pt")
+    resumed = _train(corpus, run, "--max-steps", "6", "--rnn", "revgru")
+    assert resumed.returncode == 0, resumed.stderr
+    warnings = [line for line in resumed.stderr.splitlines() if "earlier layout" in line]
+    assert len(warnings) == 1 and "resumes with tiles of 8 sentences" in warnings[0]
+    after = Checkpoint.load(run / "last.pt")
+    assert after.training.trainer.step == 6 and after.args["buffer_tile"] == 8
+    again = _train(corpus, run, "--max-steps", "8", "--rnn", "revgru")  # saved with the tile: nothing to say
+    assert again.returncode == 0 and "earlier layout" not in again.stderr
 
 
 def test_a_truncated_gzip_corpus_is_one_line(corpus, tmp_path):

@@ -187,12 +187,13 @@ def _gru_update_terms(pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray,
 @njit(**_JIT)
 def gru_push(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
              stored: int, slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray, top: np.ndarray,
-             flags: np.ndarray, first_flag: int, word_limit: int, out: np.ndarray,
+             flags: np.ndarray, tile_rows: int, first_flag: int, word_limit: int, out: np.ndarray,
              out_float: np.ndarray) -> tuple[int, float]:
     """RevGRU's half update into ``out`` and ``out_float``; returns (status, bits destroyed)."""
     rows, half = h.shape
     g, zq, ui, status = _gru_update_terms(pre_g, p, col, s, rows_mask, slope, min_numerator)
-    pushed, lost = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, word_limit, out)
+    pushed, lost = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, tile_rows, first_flag, word_limit,
+                              out)
     _write_float(out, out_float)
     return max(status, pushed), lost
 
@@ -200,7 +201,8 @@ def gru_push(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.nd
 @njit(**_JIT)
 def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np.ndarray, rows_mask: np.ndarray,
                 slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
-                stack: np.ndarray, top: np.ndarray, flags: np.ndarray, first_flag: int, prev: np.ndarray,
+                stack: np.ndarray, top: np.ndarray, flags: np.ndarray, tile_rows: int, first_flag: int,
+                prev: np.ndarray,
                 diff: bool, grad: np.ndarray, grad_z: np.ndarray, grad_g: np.ndarray) -> int:
     """Recompute :func:`gru_push`'s gates; with ``pop``, pop the previous half into ``prev`` (its first
     columns from ``restore``); with ``diff``, backpropagate (``grad`` in place). Returns the status."""
@@ -208,7 +210,8 @@ def gru_reverse(h: np.ndarray, pre_g: np.ndarray, p: np.ndarray, col: int, s: np
     g, zq, ui, status = _gru_update_terms(pre_g, p, col, s, rows_mask, slope, min_numerator)
     if pop:
         stored = restore.shape[1]
-        status = max(status, pop_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, first_flag, prev))
+        status = max(status, pop_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, tile_rows, first_flag,
+                                       prev))
         prev[:, :stored] = restore
     if diff:
         for b in range(rows):
@@ -242,7 +245,8 @@ def gru_read_grad(grad_rh: np.ndarray, read: np.ndarray, s: np.ndarray, grad_r: 
 @njit(**_JIT)
 def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col: int, rows_mask: np.ndarray,
               stored: int, slope: np.float32, min_numerator: int, curr: np.ndarray, stack: np.ndarray,
-              top: np.ndarray, flags: np.ndarray, flag_c: int, flag_h: int, word_limit: int, out_h: np.ndarray,
+              top: np.ndarray, flags: np.ndarray, tile_rows: int, flag_c: int, flag_h: int, word_limit: int,
+              out_h: np.ndarray,
               out_c: np.ndarray, out_float: np.ndarray) -> tuple[int, float, float]:
     """RevLSTM's half update: c pushed first, then h (whose term needs tanh of the new c). Returns
     (status, bits destroyed by c, by h)."""
@@ -257,7 +261,8 @@ def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col:
             f, ig = _restrict(acts[b, j], slope), acts[b, 2 * half + j]
             if _set_terms(zq, ui, b, j, f, ig * acts[b, half + j], rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
-    pushed_c, lost_c = push_terms(c, zq, ui, rows_mask, 0, curr, stack, top, flags, flag_c, word_limit, out_c)
+    pushed_c, lost_c = push_terms(c, zq, ui, rows_mask, 0, curr, stack, top, flags, tile_rows, flag_c, word_limit,
+                                  out_c)
     tcs = np.empty((rows, half), np.float32)
     _tanh_of_fixed(out_c, tcs)
     for b in range(rows):
@@ -265,7 +270,8 @@ def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col:
             o, pz = acts[b, 3 * half + j], _restrict(acts[b, 4 * half + j], slope)
             if _set_terms(zq, ui, b, j, pz, o * tcs[b, j], rows_mask[b], min_numerator):
                 status = TERM_OVERFLOW
-    pushed_h, lost_h = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, flag_h, word_limit, out_h)
+    pushed_h, lost_h = push_terms(h, zq, ui, rows_mask, stored, curr, stack, top, flags, tile_rows, flag_h,
+                                  word_limit, out_h)
     _write_float(out_h, out_float)
     return max(status, pushed_c, pushed_h), lost_c, lost_h
 
@@ -273,7 +279,7 @@ def lstm_push(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col:
 @njit(**_JIT)
 def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, col: int, rows_mask: np.ndarray,
                  slope: np.float32, min_numerator: int, pop: bool, restore: np.ndarray, curr: np.ndarray,
-                 stack: np.ndarray, top: np.ndarray, flags: np.ndarray, flag_c: int, flag_h: int,
+                 stack: np.ndarray, top: np.ndarray, flags: np.ndarray, tile_rows: int, flag_c: int, flag_h: int,
                  prev_h: np.ndarray, prev_c: np.ndarray, diff: bool, grad_h: np.ndarray, grad_c: np.ndarray,
                  grad_pre: np.ndarray, read: np.ndarray, inputs: np.ndarray) -> int:
     """Recompute :func:`lstm_push`'s gates; with ``pop``, pop h then c into ``prev_h``, ``prev_c``; with
@@ -298,9 +304,11 @@ def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, c
                 status = TERM_OVERFLOW
     if pop:
         stored = restore.shape[1]
-        status = max(status, pop_terms(h, zq_h, ui_h, rows_mask, stored, curr, stack, top, flags, flag_h, prev_h))
+        status = max(status, pop_terms(h, zq_h, ui_h, rows_mask, stored, curr, stack, top, flags, tile_rows, flag_h,
+                                       prev_h))
         prev_h[:, :stored] = restore
-        status = max(status, pop_terms(c, zq_c, ui_c, rows_mask, 0, curr, stack, top, flags, flag_c, prev_c))
+        status = max(status, pop_terms(c, zq_c, ui_c, rows_mask, 0, curr, stack, top, flags, tile_rows, flag_c,
+                                       prev_c))
     if diff:
         for b in range(rows):
             live = rows_mask[b]
@@ -325,14 +333,16 @@ def lstm_reverse(h: np.ndarray, c: np.ndarray, pre: np.ndarray, p: np.ndarray, c
 _NO_FLOATS = np.empty((0, 0), np.float32)
 
 
-def _no_words() -> tuple[np.ndarray, ...]:
-    """Stand-ins for the word arrays where nothing is popped (the derivative-only step)."""
-    return (np.empty((1, 1), np.int64), np.empty((1, 1, 1), np.int64), np.zeros(1, np.int64), np.zeros(1, np.bool_))
+def _no_words() -> tuple:
+    """Stand-ins for the word arrays where nothing is popped (the derivative-only step), and a tile's rows."""
+    return (np.empty((1, 1), np.int64), np.empty((1, 1, 1), np.int64), np.zeros(1, np.int64),
+            np.zeros((1, 1), np.uint8), 1)
 
 
-def _arrays(plan: PushPlan | PopPlan) -> tuple[np.ndarray, ...]:
-    """The word arrays a walk updates in place: live words, stack, height, flags (errors come back as codes)."""
-    return tuple(t.numpy() for t in plan.tensors()[:4])
+def _arrays(plan: PushPlan | PopPlan) -> tuple:
+    """The word arrays a walk updates in place (live words, stack, heights, flags; errors come back as codes),
+    then the rows per tile."""
+    return (*(t.numpy() for t in plan.tensors()[:4]), plan.tile_rows)
 
 
 def _limit(limit: ForgetLimit) -> tuple[np.float32, int]:

@@ -53,17 +53,18 @@ import torch
 import triton
 import triton.language as tl
 
-from buffers import ForgetLimit, InformationBuffer
+from buffers import TILE_ROWS, ForgetLimit, InformationBuffer
 from buffers.backends.triton_kernels import (
     COMPILE_OPTIONS,
-    close_slab,
+    close_tile,
     elements,
     fixed_terms,
     launch_options,
     lost_table,
-    open_slab,
+    open_tile,
     pop_walk,
     push_walk,
+    tile_rows_of,
     to_float,
 )
 from buffers.fixed import FORGET_ONE
@@ -79,6 +80,9 @@ PER_NUMERATOR = tl.constexpr(1.0 / FORGET_ONE)  # z*/2^R_Z as a float: exact
 # The tiled kernels' blocks (products with their activations): rows and units per program, and the inner
 # dimension per tl.dot. BLOCK_K sets the order of a product's sums, so every kernel computing a gate uses these.
 _TILE = {"BLOCK_B": 16, "BLOCK_J": 32, "BLOCK_K": 32}
+# The read-gradient kernel's products are gradients that only it computes, so its blocks are its own: 16 units at a
+# time keep it within the registers of a thread on sm_90, where 32 spilled (tests/revnmt/rnn/test_triton_steps.py).
+_READ_GRAD_TILE = {"BLOCK_B": 16, "BLOCK_J": 16, "BLOCK_K": 32}
 
 
 # ---------------------------------------------------------------------------- the gates, shared by every kernel
@@ -235,44 +239,50 @@ def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, 
 @triton.jit
 def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, out_ptr, out_rs, float_ptr,
                      curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
-                     batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
+                     batch, half, stored, tile_rows, lanes, first_flag, min_numerator, slope,
                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
-    """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy."""
+    """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy; a
+    program per buffer tile, each writing its tile's bits destroyed to ``lost`` [tiles]."""
     gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
-    top, status = open_slab(top_ptr)
+    first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
+    tiles = tl.num_programs(0)
     # h's columns are adjacent; the row mask applies across a row (column stride 0).
     top, lost, status = push_walk(gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
-                                  curr_ptr, stack_ptr, flags_ptr + first_flag, lost_table_ptr, top, status, batch,
-                                  half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
-                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-    tl.store(lost_ptr, lost)
-    close_slab(top_ptr, status_ptr, top, status)
+                                  curr_ptr, stack_ptr, flags_ptr + tl.program_id(0), first_flag, tiles,
+                                  lost_table_ptr, top, status, batch, first, rows, half, stored, lanes, min_numerator,
+                                  GATES=True, FLOAT=True, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    tl.store(lost_ptr + tl.program_id(0), lost)
+    close_tile(top_ptr, status_ptr, top, status)
 
 
 @triton.jit
 def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, restore_ptr, restore_rs,
                         prev_ptr, prev_rs, float_ptr, grad_ptr, grad_rs, grad_out_ptr, grad_out_rs, grad_z_ptr,
                         grad_g_ptr, grad_zg_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
-                        batch, half, stored, lane_rows, lanes, first_flag, min_numerator, slope,
+                        batch, half, stored, tile_rows, lanes, first_flag, min_numerator, slope,
                         POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, GRAD_OUT: tl.constexpr,
                         LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_gru_push_kernel` (with POP: pop into ``prev``, else ``prev`` is given) and, with DIFF,
     backpropagate the update: ``grad`` in place, d loss / d pre-activation of z and g into ``grad_z``, ``grad_g``
     (column blocks of the step's gradient slot: one row stride, ``grad_zg_rs``); with GRAD_OUT, ``grad_out`` (the
     loss gradient of the step's output) is added to ``grad`` first. With FLOAT, the float copy of ``prev`` goes
-    to ``float_ptr``."""
+    to ``float_ptr``. A program per buffer tile."""
     gates = (pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, 2 * half, slope)
+    first, rows = tile_rows_of(batch, tile_rows)
     if POP:
-        top, status = open_slab(top_ptr)
+        first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
+        tiles = tl.num_programs(0)
         top, status = pop_walk(gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_ptr, prev_rs, float_ptr,
-                               restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + first_flag, top, status,
-                               batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
-                               FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-        close_slab(top_ptr, status_ptr, top, status)
+                               restore_ptr, restore_rs, curr_ptr, stack_ptr,
+                               flags_ptr + tl.program_id(0), first_flag, tiles, top, status, batch, first,
+                               rows, half, stored, lanes, min_numerator, GATES=True, RESTORE=True, FLOAT=FLOAT,
+                               LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+        close_tile(top_ptr, status_ptr, top, status)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
-        for start in range(0, batch * half, ELEMENT_BLOCK):
-            ok, b, j = elements(start, batch, half, ELEMENT_BLOCK)
+        for start in range(0, rows * half, ELEMENT_BLOCK):
+            ok, r, j = elements(start, rows, half, ELEMENT_BLOCK)
+            b = first + r
             live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
             z, u, g, sz = gru_update(gates, b, j, ok)
             zq, _, _ = fixed_terms(z, u, live, ok, min_numerator)
@@ -328,25 +338,26 @@ def _gru_read_grad_kernel(grad_pre_ptr, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, w_
 @triton.jit
 def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, mask_ptr, out_h_ptr,
                       out_c_ptr, out_rs, float_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr,
-                      lost_table_ptr, batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
+                      lost_table_ptr, batch, half, stored, tile_rows, lanes, flag_c, flag_h, min_numerator, slope,
                       LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
-    """RevLSTM's half update: c ← f·c + i·g, then h ← p·h + o·tanh(new c) and its float copy. The bits
-    destroyed go to ``lost`` [2] (c's, h's)."""
+    """RevLSTM's half update: c ← f·c + i·g, then h ← p·h + o·tanh(new c) and its float copy; a program per
+    buffer tile. The bits destroyed go to ``lost`` [2, tiles] (c's, h's)."""
     cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
     hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, out_c_ptr, out_rs)
-    top, status = open_slab(top_ptr)
+    first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
+    tile, tiles = tl.program_id(0), tl.num_programs(0)
     top, lost, status = push_walk(lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
-                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + flag_c, lost_table_ptr, top, status,
-                                  batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, FLOAT=False,
-                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-    tl.store(lost_ptr, lost)
+                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + tile, flag_c, tiles,
+                                  lost_table_ptr, top, status, batch, first, rows, half, 0, lanes, min_numerator,
+                                  GATES=True, FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    tl.store(lost_ptr + tile, lost)
     tl.debug_barrier()  # h's terms read the new cell that other threads wrote
     top, lost, status = push_walk(lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
-                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + flag_h, lost_table_ptr, top, status,
-                                  batch, half, stored, lane_rows, lanes, min_numerator, GATES=True, FLOAT=True,
-                                  LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-    tl.store(lost_ptr + 1, lost)
-    close_slab(top_ptr, status_ptr, top, status)
+                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + tile, flag_h, tiles,
+                                  lost_table_ptr, top, status, batch, first, rows, half, stored, lanes, min_numerator,
+                                  GATES=True, FLOAT=True, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+    tl.store(lost_ptr + tiles + tile, lost)
+    close_tile(top_ptr, status_ptr, top, status)
 
 
 @triton.jit
@@ -354,31 +365,36 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr,
                          restore_rs, prev_h_ptr, prev_h_rs, prev_c_ptr, prev_c_rs, float_ptr, grad_h_ptr, grad_h_rs,
                          grad_out_ptr, grad_out_rs, grad_c_ptr, grad_c_rs, grad_pre_ptr, grad_pre_rs, read_ptr, read_rs,
                          inputs_ptr, inputs_rs, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
-                         batch, half, stored, lane_rows, lanes, flag_c, flag_h, min_numerator, slope,
+                         batch, half, stored, tile_rows, lanes, flag_c, flag_h, min_numerator, slope,
                          POP: tl.constexpr, DIFF: tl.constexpr, FLOAT: tl.constexpr, GRAD_OUT: tl.constexpr,
                          LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """Undo :func:`_lstm_push_kernel` (with POP: pop h, then c; else ``prev`` is given) and, with DIFF,
     backpropagate it: ``grad_h``, ``grad_c`` in place, the gates' pre-activation gradients into ``grad_pre``,
     and ``read`` (h_j) copied into its weight-gradient slot ``inputs``; with GRAD_OUT, ``grad_out`` (the loss gradient
     of the step's output h) is added to ``grad_h`` first. With FLOAT, the float copy of the previous h goes to
-    ``float_ptr``."""
+    ``float_ptr``. A program per buffer tile."""
     cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
     hidden = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs)
+    first, rows = tile_rows_of(batch, tile_rows)
     if POP:
-        top, status = open_slab(top_ptr)
+        first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
+        tile, tiles = tl.program_id(0), tl.num_programs(0)
         top, status = pop_walk(lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, prev_h_ptr,
-                               prev_h_rs, float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + flag_h,
-                               top, status, batch, half, stored, lane_rows, lanes, min_numerator, GATES=True,
-                               RESTORE=True, FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
+                               prev_h_rs, float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr,
+                               flags_ptr + tile, flag_h, tiles, top, status, batch, first, rows, half, stored,
+                               lanes, min_numerator, GATES=True, RESTORE=True, FLOAT=FLOAT, LANE_BLOCK=LANE_BLOCK,
+                               ELEMENT_BLOCK=ELEMENT_BLOCK)
         top, status = pop_walk(lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, prev_c_ptr, prev_c_rs,
-                               float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr, flags_ptr + flag_c, top,
-                               status, batch, half, 0, lane_rows, lanes, min_numerator, GATES=True, RESTORE=True,
-                               FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
-        close_slab(top_ptr, status_ptr, top, status)
+                               float_ptr, restore_ptr, restore_rs, curr_ptr, stack_ptr,
+                               flags_ptr + tile, flag_c, tiles, top, status, batch, first, rows, half, 0,
+                               lanes, min_numerator, GATES=True, RESTORE=True, FLOAT=False, LANE_BLOCK=LANE_BLOCK,
+                               ELEMENT_BLOCK=ELEMENT_BLOCK)
+        close_tile(top_ptr, status_ptr, top, status)
         tl.debug_barrier()  # the derivative reads what other threads popped
     if DIFF:
-        for start in range(0, batch * half, ELEMENT_BLOCK):
-            ok, b, j = elements(start, batch, half, ELEMENT_BLOCK)
+        for start in range(0, rows * half, ELEMENT_BLOCK):
+            ok, r, j = elements(start, rows, half, ELEMENT_BLOCK)
+            b = first + r
             live = tl.load(mask_ptr + b, mask=ok, other=0) != 0
             z_c, u_c, sf, g, ig = lstm_cell_update(cell, b, j, ok)
             z_h, u_h, o, sp, tc = lstm_hidden_update(hidden, b, j, ok)
@@ -436,30 +452,36 @@ def _gru_gates_launch(read: torch.Tensor, weight: torch.Tensor, p_zr: torch.Tens
                                            half, **_TILE, **COMPILE_OPTIONS)
 
 
+def _walks(batch: int, tile_rows: int, lanes: int) -> tuple[tuple[int], dict]:
+    """The launch grid of a walk, a program per buffer tile, and its launch options."""
+    return (triton.cdiv(batch, tile_rows),), launch_options(min(tile_rows, batch) * lanes)
+
+
 def _gru_push_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
                      out: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor, stack: torch.Tensor,
-                     top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, lost: torch.Tensor,
+                     top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, tile_rows: int, lost: torch.Tensor,
                      lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int, slope: float) -> None:
-    _gru_push_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(out), new_float, curr,
-                           stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, curr.shape[0],
-                           curr.shape[1], first_flag, min_numerator, slope,
-                           **launch_options(curr.numel()))
+    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    _gru_push_kernel[grid](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(out), new_float, curr,
+                           stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, tile_rows,
+                           curr.shape[1], first_flag, min_numerator, slope, **options)
 
 
 def _gru_reverse_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
                         restore: torch.Tensor | None, prev: torch.Tensor, prev_float: torch.Tensor | None,
                         grad: torch.Tensor | None, grad_out: torch.Tensor | None, grad_z: torch.Tensor | None,
                         grad_g: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
-                        flags: torch.Tensor, status: torch.Tensor, first_flag: int, min_numerator: int, slope: float,
-                        pop: bool) -> None:
+                        flags: torch.Tensor, status: torch.Tensor, tile_rows: int, first_flag: int, min_numerator: int,
+                        slope: float, pop: bool) -> None:
     restore = _or_no_columns(restore, h)
     diff, write_float, add = grad is not None, prev_float is not None, grad_out is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
-    _gru_reverse_kernel[(1,)](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(restore), *_rows(prev),
+    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    _gru_reverse_kernel[grid](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(restore), *_rows(prev),
                               prev_float if write_float else pre_g, *_rows(grad), *_rows(grad_out if add else grad),
                               grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status, h.shape[0], h.shape[1],
-                              restore.shape[1], curr.shape[0], curr.shape[1], first_flag, min_numerator, slope, POP=pop,
-                              DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **launch_options(curr.numel()))
+                              restore.shape[1], tile_rows, curr.shape[1], first_flag, min_numerator, slope, POP=pop,
+                              DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **options)
 
 
 def _gru_read_grad_launch(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weight_g: torch.Tensor, read: torch.Tensor,
@@ -467,22 +489,22 @@ def _gru_read_grad_launch(grad_pre: torch.Tensor, weight_zr: torch.Tensor, weigh
     batch, half = read.shape
     # grad_g · weight_g and grad_zr · weight_zr are products.linear(grad, weight.t()): the transposes' strides.
     w_g, w_zr = weight_g.t(), weight_zr.t()
-    _gru_read_grad_kernel[(triton.cdiv(batch, _TILE["BLOCK_B"]),)](
+    _gru_read_grad_kernel[(triton.cdiv(batch, _READ_GRAD_TILE["BLOCK_B"]),)](
         *_rows(grad_pre), w_g, *w_g.stride(), w_zr, *w_zr.stride(), *_rows(read), s, *_rows(grad_read),
-        *_rows(inputs[0]), inputs.stride(0), batch, half, **_TILE, **COMPILE_OPTIONS)
+        *_rows(inputs[0]), inputs.stride(0), batch, half, **_READ_GRAD_TILE, **COMPILE_OPTIONS)
 
 
 def _lstm_push_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
                       out_h: torch.Tensor, out_c: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor,
                       stack: torch.Tensor, top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor,
-                      lost: torch.Tensor, lost_table: torch.Tensor, stored: int, flag_c: int, flag_h: int,
-                      min_numerator: int, slope: float) -> None:
+                      tile_rows: int, lost: torch.Tensor, lost_table: torch.Tensor, stored: int, flag_c: int,
+                      flag_h: int, min_numerator: int, slope: float) -> None:
     if out_h.stride() != out_c.stride():
         raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
-    _lstm_push_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), out_h, *_rows(out_c),
+    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    _lstm_push_kernel[grid](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), out_h, *_rows(out_c),
                             new_float, curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1],
-                            stored, curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
-                            **launch_options(curr.numel()))
+                            stored, tile_rows, curr.shape[1], flag_c, flag_h, min_numerator, slope, **options)
 
 
 def _lstm_reverse_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
@@ -490,18 +512,19 @@ def _lstm_reverse_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_
                          prev_float: torch.Tensor | None, grad_h: torch.Tensor | None, grad_out: torch.Tensor | None,
                          grad_c: torch.Tensor | None, grad_pre: torch.Tensor | None, read: torch.Tensor | None,
                          inputs: torch.Tensor | None, curr: torch.Tensor, stack: torch.Tensor, top: torch.Tensor,
-                         flags: torch.Tensor, status: torch.Tensor, flag_c: int, flag_h: int, min_numerator: int,
-                         slope: float, pop: bool) -> None:
+                         flags: torch.Tensor, status: torch.Tensor, tile_rows: int, flag_c: int, flag_h: int,
+                         min_numerator: int, slope: float, pop: bool) -> None:
     restore = _or_no_columns(restore, h)
     diff, write_float, add = grad_h is not None, prev_float is not None, grad_out is not None
     # Untouched without DIFF:
     grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
-    _lstm_reverse_kernel[(1,)](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), *_rows(restore),
+    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    _lstm_reverse_kernel[grid](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), *_rows(restore),
                                *_rows(prev_h), *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h),
                                *_rows(grad_out if add else grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),
                                *_rows(inputs), curr, stack, top, flags, status, h.shape[0], h.shape[1],
-                               restore.shape[1], curr.shape[0], curr.shape[1], flag_c, flag_h, min_numerator, slope,
-                               POP=pop, DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **launch_options(curr.numel()))
+                               restore.shape[1], tile_rows, curr.shape[1], flag_c, flag_h, min_numerator, slope,
+                               POP=pop, DIFF=diff, FLOAT=write_float, GRAD_OUT=add, **options)
 
 
 def _or_no_columns(restore: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
@@ -513,21 +536,24 @@ def _or_no_columns(restore: torch.Tensor | None, h: torch.Tensor) -> torch.Tenso
 
 
 @functools.lru_cache(maxsize=None)
-def _no_words(device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Stand-ins for the word tensors where nothing is popped (the derivative-only step); never written."""
+def _no_words(device: torch.device) -> tuple:
+    """Stand-ins for the word tensors where nothing is popped (the derivative-only step; never written), and the
+    rows a program takes there."""
     long = dict(dtype=torch.int64, device=device)
     return (torch.zeros(1, 1, **long), torch.zeros(1, 1, 1, **long), torch.zeros(1, **long),
-            torch.zeros(1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+            torch.zeros(1, 1, dtype=torch.uint8, device=device), torch.zeros(1, dtype=torch.int32, device=device),
+            TILE_ROWS)
 
 
 def _pops(buf: InformationBuffer | None, device: torch.device, limit: ForgetLimit,
-          *updates: SliceUpdate) -> tuple[PopPlan | None, list[int], tuple[torch.Tensor, ...]]:
-    """A reverse step's books: the plan of its pops (``updates`` in push order), each update's first flag and the
-    word tensors. Without a buffer (the derivative alone) nothing is popped: no plan, stand-in word tensors."""
+          *updates: SliceUpdate) -> tuple[PopPlan | None, list[int], tuple]:
+    """A reverse step's books: the plan of its pops (``updates`` in push order), each update's first flag, and the
+    word tensors and rows per tile. Without a buffer (the derivative alone) nothing is popped: no plan, stand-in
+    word tensors."""
     if buf is None:
         return None, [0] * len(updates), _no_words(device)
     plan = buf.plan_pop(*updates, limit=limit)
-    return plan, plan.flags, plan.tensors()
+    return plan, plan.flags, (*plan.tensors(), plan.tile_rows)
 
 
 def _columns(p: torch.Tensor, col: int, pre: torch.Tensor) -> torch.Tensor:
@@ -554,9 +580,9 @@ class TritonSteps(StepKernels):
     def gru_push(self, buf, h, pre_g, p, col, s, mask, stored, limit, out):
         plan = buf.plan_push((h.shape[1], stored), limit=limit)
         new_float = torch.empty(h.shape, device=h.device)
-        lost = torch.empty((), dtype=torch.float64, device=h.device)
-        _gru_push_launch(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *plan.tensors(), lost,
-                         lost_table(h.device), stored, plan.flags[0], limit.min_numerator, limit.slope)
+        lost = torch.empty(buf.words.tiles, dtype=torch.float64, device=h.device)
+        _gru_push_launch(h, pre_g, _columns(p, col, pre_g), s, mask, out, new_float, *plan.tensors(), plan.tile_rows,
+                         lost, lost_table(h.device), stored, plan.flags[0], limit.min_numerator, limit.slope)
         plan.done(lost)
         return new_float
 
@@ -574,9 +600,10 @@ class TritonSteps(StepKernels):
     def lstm_push(self, buf, h, c, pre, p, col, mask, stored, limit, out_h, out_c):
         plan = buf.plan_push((c.shape[1], 0), (h.shape[1], stored), limit=limit)
         new_float = torch.empty(h.shape, device=h.device)
-        lost = torch.empty(2, dtype=torch.float64, device=h.device)
-        _lstm_push_launch(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *plan.tensors(), lost,
-                          lost_table(h.device), stored, *plan.flags, limit.min_numerator, limit.slope)
+        lost = torch.empty(2, buf.words.tiles, dtype=torch.float64, device=h.device)
+        _lstm_push_launch(h, c, pre, _columns(p, col, pre), mask, out_h, out_c, new_float, *plan.tensors(),
+                          plan.tile_rows, lost, lost_table(h.device), stored, *plan.flags, limit.min_numerator,
+                          limit.slope)
         plan.done(lost[0], lost[1])
         return new_float
 

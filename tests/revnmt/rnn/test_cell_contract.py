@@ -24,7 +24,7 @@ def _setup(family, impl, seed=0):
     torch.manual_seed(seed)
     cell = REV_CELLS[family](INPUT, HIDDEN, LIMIT).to(device)
     backend = on_device(name, device)
-    buffer = backend.new_buffer(BATCH, 2, device, LIMIT)
+    buffer = backend.new_buffer(BATCH, 2, device, LIMIT, tile_rows=2)  # tiles of two: a partial one too
     sweep = Sweep(buffer, backend.steps, SweepWeights(cell), STORED)
     x = torch.randn(STEPS, BATCH, INPUT, device=device)
     mask = torch.arange(STEPS, device=device)[:, None] < torch.tensor(LENGTHS, device=device)[None]

@@ -9,6 +9,7 @@ cells' split reverse (reverse_int, then backward_step) must equal the fused reve
 import numpy as np
 import pytest
 import torch
+from conftest import assert_same_words
 from numba import njit
 
 from buffers import ForgetLimit, InformationBuffer, backends, to_float
@@ -22,7 +23,7 @@ HALF = HIDDEN // 2
 
 
 def _buffer(backend: str) -> InformationBuffer:
-    return InformationBuffer(BATCH, 2, limit=LIMIT, backend=backends.resolve(backend, "cpu"), share_rows=True)
+    return InformationBuffer(BATCH, 2, limit=LIMIT, backend=backends.resolve(backend, "cpu"), tile_rows=2)
 
 
 def _sweep(buf: InformationBuffer, stored: int = 0) -> Sweep:
@@ -69,11 +70,7 @@ def _buffers():
 
 
 def _assert_same_words(a, b):
-    wa, wb = a.words, b.words
-    top = int(wa.top)
-    assert top == int(wb.top) and wa.pushes == wb.pushes
-    assert torch.equal(wa.curr, wb.curr) and torch.equal(wa.stack[:top], wb.stack[:top])  # above: scratch
-    assert torch.equal(wa.flags[: wa.pushes], wb.flags[: wb.pushes])
+    assert_same_words(a, b)
 
 
 def _inputs(cell, seed):

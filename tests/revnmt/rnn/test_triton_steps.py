@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HAS_CUDA, HAS_TRITON
+from conftest import HAS_CUDA, HAS_TRITON, assert_same_words
 from test_reversible import _assert_close, _autograd_grads, _problem, _reversal_grads
 
 from buffers import ForgetLimit, InformationBuffer, backends, to_float
@@ -89,16 +89,9 @@ def _buffers():
 
 
 def _buffer(batch: int, units: int, backend: str = "triton") -> InformationBuffer:
-    return InformationBuffer(batch, units, DEVICE, LIMIT, backend=backends.resolve(backend, DEVICE), eager_checks=False)
-
-
-def _assert_same_words(a: InformationBuffer, b: InformationBuffer):
-    a.check()
-    b.check()
-    top = int(a.words.top)
-    assert top == int(b.words.top) and torch.equal(a.words.curr, b.words.curr)
-    assert torch.equal(a.words.stack[:top], b.words.stack[:top])
-    assert torch.equal(a.words.flags[: a.pushes], b.words.flags[: b.pushes]) and a.pushes == b.pushes
+    # Tiles of two rows: the five rows are three tiles, the last a partial one.
+    return InformationBuffer(batch, units, DEVICE, LIMIT, backend=backends.resolve(backend, DEVICE), tile_rows=2,
+                             eager_checks=False)
 
 
 def _mask():
@@ -126,11 +119,11 @@ def test_gru_kernels_make_the_torch_references_integers():
         out = torch.empty_like(h)
         new_float = TRITON_STEPS.gru_push(ours, h, pre_g, p, 5 * H, s, mask, stored, LIMIT, out)
         assert torch.equal(out, want) and torch.equal(new_float, to_float(out))
-        _assert_same_words(ours, ref)
+        assert_same_words(ours, ref)
         saved.append((pre_g, p, s, stored))
         h = out
         states.append(h)
-    assert int(ours.words.top) > 0  # the slab overflowed: the stack is exercised
+    assert max(ours.heights()) > 0  # a tile overflowed: the stack is exercised
     for t in reversed(range(steps)):
         pre_g, p, s, stored = saved[t]
         restore = states[t][:, :stored] if stored else None
@@ -145,7 +138,7 @@ def test_gru_kernels_make_the_torch_references_integers():
         TRITON_STEPS.gru_reverse(ours, h, pre_g, p, 5 * H, s, mask, LIMIT, restore, prev, got_grad, grad_z, grad_g,
                                  prev_float)
         assert torch.equal(prev, want) and torch.equal(prev, states[t]) and torch.equal(prev_float, to_float(want))
-        _assert_same_words(ours, ref)
+        assert_same_words(ours, ref)
         # The derivative alone, from the given previous half (backward_step), is the same.
         again, again_float = (grad.clone(), torch.empty_like(grad_z), torch.empty_like(grad_g)), torch.empty_like(grad)
         TRITON_STEPS.gru_reverse(None, h, pre_g, p, 5 * H, s, mask, LIMIT, restore, prev, *again, again_float)
@@ -227,11 +220,11 @@ def test_lstm_kernels_make_the_torch_references_integers():
         out_h, out_c = out.split(H, 1)
         new_float = TRITON_STEPS.lstm_push(ours, h, c, pre, p, 5 * H, mask, stored, LIMIT, out_h, out_c)
         assert torch.equal(out_c, want_c) and torch.equal(out_h, want_h) and torch.equal(new_float, to_float(out_h))
-        _assert_same_words(ours, ref)
+        assert_same_words(ours, ref)
         saved.append((pre, p, stored))
         h, c = out_h, out_c
         states.append((h, c))
-    assert int(ours.words.top) > 0
+    assert max(ours.heights()) > 0
     for t in reversed(range(steps)):
         pre, p, stored = saved[t]
         proj = p[:, 5 * H:]
@@ -253,7 +246,7 @@ def test_lstm_kernels_make_the_torch_references_integers():
         assert torch.equal(prev[0], want_h) and torch.equal(prev[1], want_c)
         assert torch.equal(prev_float, to_float(want_h))  # the next half's recurrent input
         assert torch.equal(prev[0], states[t][0]) and torch.equal(prev[1], states[t][1])
-        _assert_same_words(ours, ref)
+        assert_same_words(ours, ref)
         again, again_pre = tuple(g.clone() for g in grad), torch.empty_like(grad_pre)
         again_float = torch.empty_like(slot)
         TRITON_STEPS.lstm_reverse(None, h, c, pre, p, 5 * H, mask, LIMIT, restore, prev, again, again_pre, read,
@@ -340,14 +333,23 @@ def test_triton_sweep_is_exact_and_its_gradients_match_autograd(cell):
     _assert_close(rev_x, ref_x)
 
 
-_COMPILE = textwrap.dedent("""
+_COMPILE = textwrap.dedent(r"""
+    import contextlib
+    import io
+    import re
     import sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from buffers import TILE_ROWS
     from buffers.backends.triton_kernels import launch_options
     from revnmt.rnn.kernels import triton_steps as ts
+
+    # ptxas states the registers and spills of a kernel only in its verbose log, which Triton prints (to stdout)
+    # when asked; compiling past Triton's cache makes ptxas run, and log, every time.
+    triton.knobs.nvidia.dump_ptxas_log = True
+    triton.knobs.compilation.always_compile = True
 
     INTS = {"h", "c", "out", "out_h", "out_c", "prev", "prev_h", "prev_c", "restore", "status"}
     BOOLS, LONGS, DOUBLES = {"mask", "flags"}, {"curr", "stack", "top"}, {"lost", "lost_table"}
@@ -365,9 +367,23 @@ _COMPILE = textwrap.dedent("""
         return "*fp32"
 
 
-    options = launch_options(64 * 16)  # batch 64 on 16 lanes, the CUDA default
+    def compile_logged(kernel, signature, values, arch, options):
+        # The compiled kernel, ptxas's registers per thread for its entry, and the bytes it spills (stored, loaded).
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
+                                      options=options)
+        log = log.getvalue()
+        used = re.search(rf"Compiling entry function '{re.escape(compiled.metadata.name)}'.*?Used (\d+) registers",
+                         log, re.S)
+        spills = [tuple(map(int, m)) for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+        assert used and spills, f"no ptxas log for {compiled.metadata.name} on sm_{arch}:\n{log}"
+        return compiled, int(used.group(1)), tuple(map(sum, zip(*spills)))
+
+
+    options = launch_options(TILE_ROWS * 16)  # a tile of the default rows on 16 lanes, the CUDA default
     walk = {"LANE_BLOCK": options.pop("LANE_BLOCK"), "ELEMENT_BLOCK": options.pop("ELEMENT_BLOCK")}
-    variants = [(ts._gru_gates_kernel, ts._TILE), (ts._gru_read_grad_kernel, ts._TILE),
+    variants = [(ts._gru_gates_kernel, ts._TILE), (ts._gru_read_grad_kernel, ts._READ_GRAD_TILE),
                 (ts._gru_push_kernel, walk), (ts._lstm_push_kernel, walk)]
     # tl.dot sums its products by FMA: that is the product's own arithmetic, done by the one kernel that computes
     # the gate (or gradient), in both sweeps. Everywhere else no multiply and add may contract.
@@ -377,17 +393,22 @@ _COMPILE = textwrap.dedent("""
                  for pop, diff in ((True, True), (True, False), (False, True))]
     # The tiled kernels also take h_j as the int32 state (converted as they load it).
     typed = [(kernel, values, {}) for kernel, values in variants]
-    typed += [(kernel, ts._TILE, {"read_ptr": "*i32"}) for kernel in with_products]
+    typed += [(kernel, values, {"read_ptr": "*i32"}) for kernel, values in variants if kernel in with_products]
+    spilled = []  # a spill is local memory traffic on every step: none may be there
     for arch in map(int, sys.argv[1:]):
         for kernel, values, types in typed:
             signature = {name: "constexpr" if name in values else types.get(name, arg_type(name))
                          for name in kernel.arg_names}
-            compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
-                                      options=options)
+            compiled, registers, (stored, loaded) = compile_logged(kernel, signature, values, arch, options)
             assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
             assert kernel in with_products or "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
-            print(f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))} {types}: "
-                  f"{len(compiled.asm['cubin'])} bytes of cubin")
+            variant = f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))} {types}"
+            print(f"{variant}: {len(compiled.asm['cubin'])} bytes of cubin, {registers} registers, "
+                  f"{stored}+{loaded} bytes spilled")
+            if stored or loaded:
+                spilled.append(f"{variant}: {stored} bytes spill stores, {loaded} bytes spill loads, "
+                               f"{registers} registers")
+    assert not spilled, "registers spill:\n" + "\n".join(spilled)
 """)
 
 
@@ -398,5 +419,6 @@ def test_step_kernels_compile_for_the_gpu(arch):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
                             timeout=600)
+    print(result.stdout)  # registers and spills per kernel variant (pytest -rP shows them)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count(f"sm_{arch}") == 12
