@@ -163,11 +163,11 @@ class WordStack:
             self._known_top, self._pushes_at_read = int(self.top.max()), len(self._widths)
             # Keep free a share of the height, not a fixed number of words: the bound assumes every
             # push forgets limit.bits, so it outruns the true height, and a fixed margin would be used
-            # up every few steps. With half the height free the reads grow with log T, not with T, and
-            # the stack grows geometrically with the height (each growth a copy). No more than that: the
-            # highest tile sizes every tile's stack.
+            # up every few steps. With a quarter of the height free the reads grow with log T, not with T,
+            # and the stack grows geometrically with the height (each growth a copy). No more than that:
+            # the highest tile sizes every tile's stack (docs/memory.md#buffer-tiles).
             needed = (self._known_top + 1 + math.ceil(pushes / self._overflow_gap)
-                      + max(_MIN_FREE_WORDS, self._known_top // 2))
+                      + max(_MIN_FREE_WORDS, self._known_top // 4))
             if needed > self.stack.shape[0]:
                 self.stack = _grow(self.stack, needed)
         if _flag_bytes(after) > self.flags.shape[0]:

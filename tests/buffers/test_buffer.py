@@ -192,14 +192,16 @@ def test_ten_thousand_steps_add_many_words(fast_impl):
     buf = _buffer(fast_impl, 3, 4)
     gen = torch.Generator().manual_seed(1)
     h0 = _random_state(gen, 3, 4, device)
-    h, zs = h0, []
-    for _ in range(10_000):
+    h, zs, reads = h0, [], {}
+    for step in range(1, 10_001):
         zs.append(torch.randint(1, FORGET_ONE + 1, (3, 4), generator=gen).to(device))
         h = buf.push_mul(h, zs[-1], None)
+        reads[step] = buf.syncs
     assert buf.heights()[0] > 250  # uniform z* forgets ~1.44 bits a step: ~300 words of 53+ bits were pushed
-    # The stack height is read far less often than once a step: the free margin kept after a read
-    # grows with the height, so the reads grow with log(steps) (44 here in 10,000 pushes).
-    assert buf.syncs <= 50
+    # The stack height is read far less often than once a step, and the free margin kept after a read grows with
+    # the height, so the reads grow with log(steps): the last 7,500 pushes read less often than the first 2,500
+    # (here 74 reads in all, the proven bound outrunning the true height 7-fold with no forget limit).
+    assert reads[10_000] < 2 * reads[2_500] and reads[10_000] < 100
     for z in reversed(zs):
         h = buf.pop_div(h, z, None)
     assert torch.equal(h, h0) and buf.is_empty()
