@@ -1,7 +1,7 @@
 """revnmt-translate (also ``python translate.py``): translate raw text with a trained checkpoint, one
-output line per input line.
+output line per input line (or, with --nbest N, N lines ``i ||| translation ||| score``).
 
-    revnmt-translate --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--replace-unk]
+    revnmt-translate --checkpoint runs/m30k [-i test.en] [-o test.hyp] [--beam 5] [--nbest N] [--replace-unk]
                      [--length-penalty 1.0 [--length-penalty-type average|gnmt]]
                      [--reference test.de [--json scores.json]]
     revnmt-translate --checkpoint runs/a runs/b runs/c ...     # an ensemble
@@ -22,7 +22,7 @@ from revnmt.arguments import check_device, default_device, non_negative_float
 from revnmt.atomic import check_output, same_file, write_output_text
 from revnmt.data import decode_lines, decode_stream, read_lines
 from revnmt.training.interrupts import exit_on_signals
-from revnmt.translation import LENGTH_PENALTY_TYPES, LengthPenalty, Translator, evaluate
+from revnmt.translation import LENGTH_PENALTY_TYPES, LengthPenalty, Translation, Translator, evaluate
 
 PROG = "revnmt-translate"
 logger = logging.getLogger("revnmt.translate")
@@ -41,6 +41,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="where translations go (default: stdout): a file is replaced atomically, a device, a FIFO "
                         "or /dev/stdout written in place")
     parser.add_argument("--beam", type=int, default=5, help="beam size, 1 for greedy search (default: %(default)s)")
+    parser.add_argument("--nbest", type=int, metavar="N",
+                        help="write each input line's N best translations, best first, as lines 'i ||| translation "
+                        "||| score' (i: the input line's number from 0; score: what beam search ranks by, the "
+                        "log-probability / lp(length)); needs --beam N or more; --reference scores the first of each "
+                        "line. A line has fewer only where the beam finished fewer (scores NaN or -inf: a diverged "
+                        "model); one without words, or with no finished translation, has the empty one, score nan "
+                        "(default: one translation per line)")
     parser.add_argument("--length-penalty", type=non_negative_float, default=1.0, metavar="ALPHA",
                         help="beam search ranks finished translations by log-probability / lp(length), length "
                         "counting the end of sentence; 0: unnormalized (favours short translations), larger values "
@@ -63,10 +70,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.json and not args.reference:
         parser.error("--json writes the scores against --reference: give --reference too")
-    for name in ("beam", "batch_size", "max_len"):
+    for name in ("beam", "batch_size", "max_len", "nbest"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.nbest is not None and args.nbest > args.beam:
+        parser.error(f"--nbest {args.nbest} needs --beam {args.nbest} or more, got --beam {args.beam}: beam search "
+                     "keeps --beam translations of a line")
     check_device(parser, args.device)
     return args
 
@@ -107,13 +117,13 @@ def _translate(args: argparse.Namespace) -> int:
 
     try:
         if lines is None:
-            hyps = _stream(args, translator)
+            translations = _stream(args, translator)
         else:
-            hyps = translator.translate(lines, beam=args.beam, batch_size=args.batch_size,
-                                        progress=sys.stderr.isatty(), replace_unk=args.replace_unk,
-                                        length_penalty=_length_penalty(args))
+            translations = translator.translate_nbest(lines, args.nbest, beam=args.beam, batch_size=args.batch_size,
+                                                      progress=sys.stderr.isatty(), replace_unk=args.replace_unk,
+                                                      length_penalty=_length_penalty(args))
             if args.output is None:
-                _write_stdout("".join(f"{hyp}\n" for hyp in hyps))
+                _write_stdout(_output_text(args, translations))
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
         return 1
     except _StdoutError as error:
@@ -121,9 +131,10 @@ def _translate(args: argparse.Namespace) -> int:
     except FixedPointOverflowError as error:  # a checkpoint whose weights diverged
         return _fail(ValueError(f"{' '.join(args.checkpoint)}: the model's weights overflow its fixed-point states "
                                 f"({error}): the run that wrote it diverged"))
+    hyps = [best.text for best, *_ in translations]  # what --reference scores: the best of each line
     try:
         if args.output is not None:
-            _write_file(args.output, "".join(f"{hyp}\n" for hyp in hyps))
+            _write_file(args.output, _output_text(args, translations))
         _check_reference_count(args.reference, references, len(hyps))
     except (OSError, ValueError) as error:
         return _fail(error)
@@ -160,20 +171,29 @@ def _whole_stdin() -> list[str] | None:
     return decode_lines(sys.stdin.buffer.read(), "stdin")
 
 
-def _stream(args: argparse.Namespace, translator: Translator) -> list[str]:
+def _stream(args: argparse.Namespace, translator: Translator) -> list[list[Translation]]:
     """Translate stdin as its lines arrive, each batch written (unless ``-o``) and flushed at once;
-    returns every translation."""
+    returns every line's translations."""
     # The reader thread gets a stream of its own: Python aborts at exit if a daemon thread is still
     # reading sys.stdin.buffer.
     stdin = open(sys.stdin.fileno(), "rb", closefd=False)
-    hyps = []
-    for hyp in translator.translate_stream(decode_stream(stdin, "stdin"), beam=args.beam,
-                                           batch_size=args.batch_size, replace_unk=args.replace_unk,
-                                           length_penalty=_length_penalty(args)):
-        hyps.append(hyp)
+    translations = []
+    for line in translator.translate_stream_nbest(decode_stream(stdin, "stdin"), args.nbest, beam=args.beam,
+                                                  batch_size=args.batch_size, replace_unk=args.replace_unk,
+                                                  length_penalty=_length_penalty(args)):
+        translations.append(line)
         if args.output is None:
-            _write_stdout(f"{hyp}\n")
-    return hyps
+            _write_stdout(_output_text(args, [line], first=len(translations) - 1))
+    return translations
+
+
+def _output_text(args: argparse.Namespace, translations: list[list[Translation]], first: int = 0) -> str:
+    """The output of consecutive input lines, numbered from ``first``: one translation a line, or with
+    ``--nbest`` each line's list, a translation a line as ``i ||| translation ||| score`` (scores to 6 decimals)."""
+    if args.nbest is None:
+        return "".join(f"{best.text}\n" for best, *_ in translations)
+    return "".join(f"{number} ||| {text} ||| {score:.6f}\n"
+                   for number, line in enumerate(translations, start=first) for text, score in line)
 
 
 def _length_penalty(args: argparse.Namespace) -> LengthPenalty:

@@ -7,6 +7,6 @@ decodes several models as one; :mod:`.scoring` is sacreBLEU and the paper's toke
 from revnmt.translation.ensemble import Ensemble
 from revnmt.translation.length_penalty import LENGTH_PENALTY_TYPES, LengthPenalty
 from revnmt.translation.scoring import Evaluation, evaluate
-from revnmt.translation.translator import Translator
+from revnmt.translation.translator import Translation, Translator
 
-__all__ = ["LENGTH_PENALTY_TYPES", "Ensemble", "Evaluation", "LengthPenalty", "Translator", "evaluate"]
+__all__ = ["LENGTH_PENALTY_TYPES", "Ensemble", "Evaluation", "LengthPenalty", "Translation", "Translator", "evaluate"]

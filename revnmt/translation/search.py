@@ -1,6 +1,7 @@
 """Greedy and beam search over a ``Seq2Seq`` model (or an ensemble), batched over sentences.
 
-Both return, for every source row, the output ids without BOS and EOS. A sentence may produce at
+Both return, for every source row, the output ids without BOS and EOS; :func:`beam_search_nbest` returns
+the best few of beam search's finished hypotheses with their scores instead. A sentence may produce at
 most ``output_limits`` tokens: 2 × its source length + 10 (capped at ``MAX_OUTPUT_LEN``) unless a
 fixed ``max_len`` is given. Limits are per sentence, so an output never depends on which other
 sentences share its batch. Sentences that are finished leave the batch, so long outliers do not
@@ -17,7 +18,7 @@ or an :class:`~revnmt.translation.ensemble.Ensemble` of them.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -36,6 +37,19 @@ class Decoder(Protocol):
     def decode_step(self, enc: Encoded, state, prev: torch.Tensor) -> tuple[torch.Tensor, object]: ...
 
     def reorder_state(self, state, index: torch.Tensor) -> object: ...
+
+
+class Hypothesis(NamedTuple):
+    """A translation beam search finished."""
+
+    score: float  # what beam search ranks it by: its log-probability / lp(length)
+    ids: list[int]  # without BOS and EOS
+
+
+def check_nbest(nbest: int, beam: int) -> None:
+    """ValueError unless 1 <= ``nbest`` <= ``beam``: a beam finishes ``beam`` hypotheses, not more."""
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be between 1 and the beam size {beam}, got {nbest}")
 
 
 def output_limits(src_len: torch.Tensor, max_len: int | None = None) -> list[int]:
@@ -87,19 +101,32 @@ def greedy(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, max_len: in
     return outputs
 
 
-@torch.no_grad()
 def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: int, max_len: int | None = None,
                 length_penalty: LengthPenalty = AVERAGE) -> list[list[int]]:
-    """The best of ``beam`` hypotheses per sentence, by score normalized with ``length_penalty``.
+    """The best of ``beam`` hypotheses per sentence, by score normalized with ``length_penalty``
+    (:func:`beam_search_nbest`); the empty translation for a sentence that finished none."""
+    found = beam_search_nbest(model, src, src_len, beam, 1, max_len, length_penalty)
+    return [hyps[0].ids if hyps else [] for hyps in found]
+
+
+@torch.no_grad()
+def beam_search_nbest(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: int, nbest: int,
+                      max_len: int | None = None, length_penalty: LengthPenalty = AVERAGE) -> list[list[Hypothesis]]:
+    """The ``nbest`` (at most ``beam``) best finished hypotheses of each sentence, best first, by score
+    normalized with ``length_penalty``; the first is :func:`beam_search`'s translation.
 
     Each step takes the 2·beam best extensions of a sentence's live hypotheses: those ending in EOS
     among the first ``beam`` are finished, the first ``beam`` others stay live. A sentence is done
     when it has ``beam`` finished hypotheses or reaches its length limit (its live ones are then
     finished as they are). With ``beam = 1`` and finite scores this is exactly greedy search. A hypothesis
-    scored NaN or -inf (a diverged model's) never finishes: a sentence left with none translates to nothing.
+    scored NaN or -inf (a diverged model's) never finishes. A sentence thus ends with ``beam`` finished
+    hypotheses or more, unless at its length limit fewer than ``beam`` live ones had a finite score (a diverged
+    model; a vocabulary of a few words with a short limit): only then may it have fewer than ``nbest``, none
+    if every score was NaN or -inf. ``nbest`` does not change the search: a shorter list starts a longer one.
     """
     if beam < 1:
         raise ValueError(f"beam must be positive, got {beam}")
+    check_nbest(nbest, beam)
     limits = output_limits(src_len, max_len)
     device = src.device
     enc = model.encode(src, src_len)
@@ -110,7 +137,7 @@ def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: 
     scores[:, 0] = 0.0
     history: list[list[int]] = [[] for _ in range(n * beam)]  # tokens of each live hypothesis
     prev = torch.full((n * beam,), BOS, dtype=torch.long, device=device)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in limits]
+    finished: list[list[Hypothesis]] = [[] for _ in limits]
     alive = list(range(n))
 
     for t in range(1, max(limits) + 1):
@@ -133,11 +160,11 @@ def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: 
         for i, (sentence, ranked_i, (live_scores, rows, tokens)) in enumerate(zip(alive, ranked, live_hyps)):
             for score, row, token in zip(*ranked_i):
                 if token == EOS and score > float("-inf"):
-                    finished[sentence].append((length_penalty.normalize(score, t), history[row]))
+                    finished[sentence].append(Hypothesis(length_penalty.normalize(score, t), history[row]))
             extended = [history[row] + [token] for row, token in zip(rows, tokens)]
             new_history += extended
             if t == limits[sentence]:
-                finished[sentence] += [(length_penalty.normalize(score, t), ids)
+                finished[sentence] += [Hypothesis(length_penalty.normalize(score, t), ids)
                                        for score, ids in zip(live_scores, extended) if score > float("-inf")]
             elif len(finished[sentence]) < beam:
                 keep.append(i)
@@ -152,6 +179,6 @@ def beam_search(model: Decoder, src: torch.Tensor, src_len: torch.Tensor, beam: 
             history = [history[row] for row in rows.tolist()]
             alive = [alive[i] for i in keep]
 
-    # max() keeps the first of equal scores: the earliest finished, for a deterministic result. A sentence that
-    # finished nothing (every score NaN or -inf: a diverged model) gets the empty translation, not an error.
-    return [max(hyps, key=lambda hyp: hyp[0])[1] if hyps else [] for hyps in finished]
+    # The sort is stable (reverse=True too): of equal scores the earliest finished comes first, for a
+    # deterministic result.
+    return [sorted(hyps, key=lambda hyp: hyp.score, reverse=True)[:nbest] for hyps in finished]

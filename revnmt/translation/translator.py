@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from queue import Empty, Queue
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -21,12 +22,24 @@ from revnmt.data import PAD, SPECIALS, UNK, DataOptions, Vocabulary, sorted_batc
 from revnmt.model import Seq2Seq
 from revnmt.translation.ensemble import Ensemble
 from revnmt.translation.length_penalty import AVERAGE, LengthPenalty
-from revnmt.translation.search import beam_search, greedy
+from revnmt.translation.search import Hypothesis, beam_search_nbest, check_nbest, greedy
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_INPUT_LEN = 100  # for checkpoints whose data options set no length limit
 _MAX_REPORTED_LINES = 5  # line numbers a truncation warning lists before it only counts
+
+
+class Translation(NamedTuple):
+    """One translation of a line: its detokenized text and the score beam search ranked it by (the
+    log-probability / lp(length)); nan where nothing scored it (greedy search, an input without tokens,
+    a model that scored every hypothesis NaN or -inf)."""
+
+    text: str
+    score: float
+
+
+_UNSCORED_EMPTY = Translation("", math.nan)  # what a line without a scored hypothesis gets
 
 
 class Translator:
@@ -99,12 +112,27 @@ class Translator:
         numbers outside the target vocabulary come through; an ensemble follows its first model's
         attention. Word models only (:meth:`check_replace_unk`). ``length_penalty`` ranks beam search's
         finished translations (:mod:`revnmt.translation.length_penalty`)."""
-        self.check_replace_unk(replace_unk)
+        translated = self.translate_nbest(lines, None, beam, batch_size, progress, replace_unk, length_penalty)
+        return [best.text for best, *_ in translated]
+
+    def translate_nbest(self, lines: Sequence[str], nbest: int | None, beam: int = 5, batch_size: int = 32,
+                        progress: bool = False, replace_unk: bool = False,
+                        length_penalty: LengthPenalty = AVERAGE) -> list[list[Translation]]:
+        """:meth:`translate` with each line's ``nbest`` best translations, best first, and their scores
+        (ValueError unless 1 <= ``nbest`` <= ``beam``); the first is :meth:`translate`'s. Beam search finds them
+        even for ``beam = 1``, where it scores greedy search's translation (the same, scores being finite). A
+        line has fewer only where the search finished fewer (:func:`~revnmt.translation.search.beam_search_nbest`),
+        and never none: a line without tokens, or whose hypotheses all scored NaN or -inf, has the empty
+        translation, unscored.
+
+        ``nbest`` None gives the one translation per line that :meth:`translate` gives: found by greedy search,
+        unscored, for ``beam = 1``."""
+        self._check_options(replace_unk, nbest, beam)
         source_words = self._source_tokens(lines)
-        outputs = [""] * len(lines)
+        outputs: list[list[Translation]] = [[] for _ in lines]  # every line is in a batch
         with tqdm(total=len(lines), desc="translating", unit="sent", disable=not progress, leave=False) as bar:
             for batch in sorted_batches([len(words) for words in source_words], batch_size):
-                translated = self._translate_batch([source_words[i] for i in batch], beam, replace_unk,
+                translated = self._translate_batch([source_words[i] for i in batch], beam, nbest, replace_unk,
                                                    length_penalty)
                 for i, output in zip(batch, translated):
                     outputs[i] = output
@@ -126,11 +154,18 @@ class Translator:
         its own (``open(sys.stdin.fileno(), "rb", closefd=False)``), not ``sys.stdin``: Python aborts at
         shutdown if a daemon thread is blocked in a read of ``sys.stdin.buffer`` then.
         """
-        self.check_replace_unk(replace_unk)
+        for best, *_ in self.translate_stream_nbest(lines, None, beam, batch_size, replace_unk, length_penalty):
+            yield best.text
+
+    def translate_stream_nbest(self, lines: Iterable[str], nbest: int | None, beam: int = 5, batch_size: int = 32,
+                               replace_unk: bool = False,
+                               length_penalty: LengthPenalty = AVERAGE) -> Iterator[list[Translation]]:
+        """:meth:`translate_stream` of :meth:`translate_nbest`'s lists."""
+        self._check_options(replace_unk, nbest, beam)
         done = 0
         for batch in _ready_batches(lines, batch_size):
-            yield from self._translate_batch(self._source_tokens(batch, first_number=done + 1), beam, replace_unk,
-                                             length_penalty)
+            yield from self._translate_batch(self._source_tokens(batch, first_number=done + 1), beam, nbest,
+                                             replace_unk, length_penalty)
             done += len(batch)
 
     def check_replace_unk(self, replace_unk: bool = True) -> None:
@@ -141,11 +176,17 @@ class Translator:
             raise ValueError("--replace-unk is for word vocabularies: this model uses SentencePiece subwords, "
                              "which spell rare words in pieces and leave no <unk> to replace")
 
-    def _translate_batch(self, source_words: list[list[str]], beam: int, replace_unk: bool,
-                         length_penalty: LengthPenalty) -> list[str]:
-        """Detokenized translations of one batch of tokenized sources ("" for those without tokens)."""
+    def _check_options(self, replace_unk: bool, nbest: int | None, beam: int) -> None:
+        """ValueError for options that cannot go together, before any translating."""
+        self.check_replace_unk(replace_unk)
+        if nbest is not None:
+            check_nbest(nbest, beam)
+
+    def _translate_batch(self, source_words: list[list[str]], beam: int, nbest: int | None, replace_unk: bool,
+                         length_penalty: LengthPenalty) -> list[list[Translation]]:
+        """:meth:`translate_nbest`'s lists for one batch of tokenized sources."""
         todo = [i for i, words in enumerate(source_words) if words]  # an encoder cannot run on no tokens
-        outputs = [""] * len(source_words)
+        outputs = [[_UNSCORED_EMPTY] for _ in source_words]
         if not todo:
             return outputs
         was_training = self.model.training
@@ -153,30 +194,36 @@ class Translator:
         try:
             src, src_len = _pad([self.src_vocab.encode(source_words[i]) for i in todo],
                                 next(self.model.parameters()).device)
-            if beam == 1:
-                hyps = greedy(self.model, src, src_len)
+            if nbest is None and beam == 1:  # greedy search: a beam of 1's translation, faster, but unscored
+                found = [[Hypothesis(math.nan, ids)] for ids in greedy(self.model, src, src_len)]
             else:
-                hyps = beam_search(self.model, src, src_len, beam, length_penalty=length_penalty)
+                found = beam_search_nbest(self.model, src, src_len, beam, nbest or 1, length_penalty=length_penalty)
+                found = [hyps or [Hypothesis(math.nan, [])] for hyps in found]
+            # The hypotheses in one list, each with the row of its source.
+            rows = [row for row, hyps in enumerate(found) for _ in hyps]
+            hyps = [hyp.ids for row_hyps in found for hyp in row_hyps]
             hyp_words = [self.tgt_vocab.decode(ids) for ids in hyps]
             if replace_unk:
-                self._replace_unknown(src, src_len, hyps, hyp_words, [source_words[i] for i in todo])
+                self._replace_unknown(src, src_len, rows, hyps, hyp_words, [source_words[i] for i in todo])
         finally:
             self.model.train(was_training)
-        for i, tokens in zip(todo, hyp_words):
-            outputs[i] = self.detokenizer.detokenize(tokens)
+        texts = iter([self.detokenizer.detokenize(tokens) for tokens in hyp_words])
+        for i, row_hyps in zip(todo, found):
+            outputs[i] = [Translation(next(texts), hyp.score) for hyp in row_hyps]
         return outputs
 
-    def _replace_unknown(self, src: torch.Tensor, src_len: torch.Tensor, hyps: list[list[int]],
+    def _replace_unknown(self, src: torch.Tensor, src_len: torch.Tensor, rows: list[int], hyps: list[list[int]],
                          outputs: list[list[str]], source_words: list[list[str]]) -> None:
-        """Put into ``outputs`` (the hypotheses' tokens) the source word aligned to each ``<unk>``."""
-        rows = [i for i, ids in enumerate(hyps) if UNK in ids]
-        if not rows:
+        """Put into ``outputs`` (the hypotheses' tokens) the source word aligned to each ``<unk>``; hypothesis
+        ``i`` translates row ``rows[i]`` of the sources."""
+        todo = [i for i, ids in enumerate(hyps) if UNK in ids]
+        if not todo:
             return
-        index = torch.tensor(rows, device=src.device)
-        tgt, _ = _pad([hyps[i] for i in rows], src.device)
-        for i, positions in zip(rows, self.model.align(src[index], src_len[index], tgt).tolist()):
-            outputs[i] = [source_words[i][p] if token == UNK else word
-                          for token, word, p in zip(hyps[i], outputs[i], positions)]
+        index = torch.tensor([rows[i] for i in todo], device=src.device)
+        tgt, _ = _pad([hyps[i] for i in todo], src.device)
+        for i, positions in zip(todo, self.model.align(src[index], src_len[index], tgt).tolist()):
+            words = source_words[rows[i]]
+            outputs[i] = [words[p] if token == UNK else word for token, word, p in zip(hyps[i], outputs[i], positions)]
 
 
 def _provenance(checkpoint: Checkpoint) -> str:

@@ -10,7 +10,7 @@ from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.model import ModelConfig, Seq2Seq, build_model
 from revnmt.translation import Translator
 from revnmt.translation.ensemble import Ensemble
-from revnmt.translation.search import beam_search, greedy, output_limits
+from revnmt.translation.search import beam_search, beam_search_nbest, greedy, output_limits
 
 VOCAB = 12
 
@@ -82,6 +82,7 @@ def test_an_ensemble_of_one_model_or_its_copies_is_that_model(models, sources, b
     # every step's log-probabilities, and so every score, bit for bit
     log_probs = [_step_log_probs(m, src, src_len, expected) for m in (ensemble, model)]
     assert torch.equal(*log_probs)
+    assert beam_search_nbest(ensemble, src, src_len, beam, beam) == beam_search_nbest(model, src, src_len, beam, beam)
     tgt = torch.tensor([[4, 5, 6]] * len(src))
     assert torch.equal(ensemble.align(src, src_len, tgt), model.align(src, src_len, tgt))
 
@@ -97,6 +98,11 @@ def test_an_ensemble_of_different_models_averages_their_log_probabilities(models
     # as for one model, a sentence's output does not depend on its batch mates
     alone = [_search(ensemble, src[i: i + 1, : int(src_len[i])], src_len[i: i + 1], beam)[0] for i in range(len(src))]
     assert alone == outputs
+    # n-best lists: the beam's finished translations, best first, the first being the translation
+    lists = beam_search_nbest(ensemble, src, src_len, 3, 3)
+    assert [hyps[0].ids for hyps in lists] == beam_search(ensemble, src, src_len, 3)
+    for hyps in lists:
+        assert len(hyps) == 3 and [hyp.score for hyp in hyps] == sorted((hyp.score for hyp in hyps), reverse=True)
 
 
 def test_an_ensemble_needs_one_target_vocabulary():

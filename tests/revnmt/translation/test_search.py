@@ -7,7 +7,7 @@ from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.model import Encoded, ModelConfig, Seq2Seq, build_model
 from revnmt.translation.ensemble import Ensemble
 from revnmt.translation.length_penalty import LengthPenalty
-from revnmt.translation.search import MAX_OUTPUT_LEN, beam_search, greedy, output_limits
+from revnmt.translation.search import MAX_OUTPUT_LEN, Hypothesis, beam_search, beam_search_nbest, greedy, output_limits
 
 VOCAB = 12
 
@@ -147,6 +147,11 @@ def test_non_finite_scores_end_the_search_with_one_output_per_sentence(value, be
     src, src_len = torch.tensor([[4, 4, 4], [5, 5, 0]]), torch.tensor([3, 2])
     outputs = beam_search(NonFinite(value), src, src_len, beam=beam)
     assert len(outputs) == 2
+    lists = beam_search_nbest(NonFinite(value), src, src_len, beam, beam)
+    assert [hyps[0].ids if hyps else [] for hyps in lists] == outputs
+    assert all(len(hyps) <= beam for hyps in lists)
+    if value != math.inf:  # every score NaN or -inf: nothing finishes
+        assert lists == [[], []]
     for ids, limit in zip(outputs, output_limits(src_len)):
         assert len(ids) <= limit and not {PAD, BOS, EOS} & set(ids)
     assert len(greedy(NonFinite(value), src, src_len)) == 2
@@ -165,3 +170,73 @@ def test_models_with_non_finite_weights_translate_alone_and_in_an_ensemble(fill,
     src, src_len, _, _ = _copy_batch(torch.Generator().manual_seed(0), batch=4)
     for decoder in (model, Ensemble([model, build_model(cfg).eval()])):
         assert len(beam_search(decoder, src, src_len, beam=beam)) == 4
+
+
+def _score(model, src, src_len, ids: list[int], limit: int, length_penalty: LengthPenalty) -> float:
+    """The score beam search gives ``ids`` for one sentence, computed by feeding them back: EOS ends them
+    unless they reach the length limit."""
+    enc = model.encode(src, src_len)
+    state, prev, total = enc.state, torch.tensor([BOS]), 0.0
+    tokens = ids if len(ids) == limit else ids + [EOS]
+    for token in tokens:
+        log_probs, state = model.decode_step(enc, state, prev)
+        total += float(log_probs[0, token])
+        prev = torch.tensor([token])
+    return length_penalty.normalize(total, len(tokens))
+
+
+@pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 3)])
+def test_nbest_lists_are_ranked_and_start_with_the_translation(trained, beam, nbest):
+    model, src, src_len = trained
+    gnmt = LengthPenalty(0.6, "gnmt")
+    for length_penalty in (LengthPenalty(), gnmt):
+        lists = beam_search_nbest(model, src, src_len, beam, nbest, length_penalty=length_penalty)
+        assert [hyps[0].ids for hyps in lists] == beam_search(model, src, src_len, beam, length_penalty=length_penalty)
+        for i, (hyps, limit) in enumerate(zip(lists, output_limits(src_len))):
+            assert len(hyps) == nbest and len({tuple(hyp.ids) for hyp in hyps}) == nbest  # distinct
+            scores = [hyp.score for hyp in hyps]
+            assert scores == sorted(scores, reverse=True)
+            n = int(src_len[i])
+            for hyp in hyps:
+                assert len(hyp.ids) <= limit and not {PAD, BOS, EOS} & set(hyp.ids)
+                expected = _score(model, src[i : i + 1, :n], src_len[i : i + 1], hyp.ids, limit, length_penalty)
+                assert hyp.score == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    # nbest does not change the search: a shorter list starts a longer one
+    widest = beam_search_nbest(model, src, src_len, beam, beam)
+    assert [hyps[:nbest] for hyps in widest] == beam_search_nbest(model, src, src_len, beam, nbest)
+
+
+def test_nbest_lists_do_not_depend_on_batch_mates(trained):
+    model, src, src_len = trained
+    together = beam_search_nbest(model, src, src_len, 3, 3)
+    alone = [beam_search_nbest(model, src[i : i + 1, : int(src_len[i])], src_len[i : i + 1], 3, 3)[0]
+             for i in range(len(src))]
+    assert [[hyp.ids for hyp in hyps] for hyps in alone] == [[hyp.ids for hyp in hyps] for hyps in together]
+    for hyps_alone, hyps_together in zip(alone, together):
+        assert [hyp.score for hyp in hyps_alone] == pytest.approx([hyp.score for hyp in hyps_together])
+
+
+@pytest.mark.parametrize("alpha, expected", [
+    (1.0, [Hypothesis(pytest.approx((math.log(0.45) + math.log(0.7)) / 2), [ShortOrLong.A]),
+           Hypothesis(pytest.approx(math.log(0.55)), [])]),
+    (0.0, [Hypothesis(pytest.approx(math.log(0.55)), []),
+           Hypothesis(pytest.approx(math.log(0.45) + math.log(0.7)), [ShortOrLong.A])]),
+])
+def test_nbest_scores_are_what_the_length_penalty_ranks_by(alpha, expected):
+    src, src_len = torch.tensor([[4, 4, 4]]), torch.tensor([3])
+    assert beam_search_nbest(ShortOrLong(), src, src_len, 2, 2, length_penalty=LengthPenalty(alpha)) == [expected]
+
+
+def test_a_beam_that_runs_out_of_finite_hypotheses_lists_fewer():
+    # After BOS only "a" and "b" have a probability: with one token allowed, a beam of 3 finishes two.
+    src, src_len = torch.tensor([[4, 4, 4]]), torch.tensor([3])
+    assert beam_search_nbest(ScriptedModel(), src, src_len, 3, 3, max_len=1) == [[
+        Hypothesis(pytest.approx(math.log(0.6)), [ScriptedModel.A]),
+        Hypothesis(pytest.approx(math.log(0.4)), [ScriptedModel.B])]]
+
+
+@pytest.mark.parametrize("beam, nbest", [(2, 3), (1, 2), (3, 0)])
+def test_nbest_must_be_between_one_and_the_beam(beam, nbest):
+    src, src_len = torch.tensor([[4, 4, 4]]), torch.tensor([3])
+    with pytest.raises(ValueError, match=f"nbest must be between 1 and the beam size {beam}, got {nbest}"):
+        beam_search_nbest(ScriptedModel(), src, src_len, beam, nbest)

@@ -1,5 +1,6 @@
 import itertools
 import logging
+import math
 import threading
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ import revnmt.translation.translator
 from revnmt.checkpoints import Checkpoint, TrainerState, TrainingState
 from revnmt.data import EOS, PAD, DataOptions, SubwordTokenizer, Vocabulary, train_subword_model
 from revnmt.model import Encoded, ModelConfig, build_model
-from revnmt.translation import Translator, evaluate
+from revnmt.translation import Translation, Translator, evaluate
 from revnmt.translation.length_penalty import LengthPenalty
 
 WORDS = "a man rides a red bike . two dogs play in the snow".split()
@@ -230,11 +231,55 @@ def test_from_checkpoint_rebuilds_a_subword_model_and_refuses_a_corrupt_one(tmp_
 
 def test_the_length_penalty_goes_to_beam_search(monkeypatch):
     used = []
-    search = revnmt.translation.translator.beam_search
-    monkeypatch.setattr(revnmt.translation.translator, "beam_search",
+    search = revnmt.translation.translator.beam_search_nbest
+    monkeypatch.setattr(revnmt.translation.translator, "beam_search_nbest",
                         lambda *args, length_penalty: used.append(length_penalty) or search(*args))
     gnmt = LengthPenalty(0.6, "gnmt")
     assert _copier().translate(["a man"], beam=2, length_penalty=gnmt) == ["a man"]
     assert list(_copier().translate_stream(["two dogs"], beam=2, length_penalty=gnmt)) == ["two dogs"]
     assert _copier().translate(["a man"], beam=2) == ["a man"]
-    assert used == [gnmt, gnmt, LengthPenalty(1.0, "average")]
+    assert _copier().translate_nbest(["a man"], 2, beam=2, length_penalty=gnmt)[0][0].text == "a man"
+    assert used == [gnmt, gnmt, LengthPenalty(1.0, "average"), gnmt]
+
+
+NBEST_LINES = ["A man rides a red bike.", "", "Two dogs.", "A cat rides.", "a"]
+
+
+@pytest.mark.parametrize("beam, nbest", [(1, 1), (3, 2), (4, 4)])
+def test_nbest_lists_start_with_the_translation_and_are_ranked(beam, nbest):
+    lists = _copier().translate_nbest(NBEST_LINES, nbest, beam=beam, batch_size=2)
+    assert [translations[0].text for translations in lists] == _copier().translate(NBEST_LINES, beam=beam)
+    assert [len(translations) for translations in lists] == [nbest, 1, nbest, nbest, nbest]
+    assert lists[1] == [Translation("", pytest.approx(math.nan, nan_ok=True))]  # no tokens: not searched
+    for translations in lists[:1] + lists[2:]:
+        scores = [translation.score for translation in translations]
+        assert scores == sorted(scores, reverse=True) and all(math.isfinite(score) for score in scores)
+        assert len({translation.text for translation in translations}) == nbest
+    # the copy's every token has log-probability 0, its EOS too: the best translation scores 0
+    assert {translations[0].score for translations in lists[:1] + lists[2:]} == {0.0}
+    streamed = _copier().translate_stream_nbest(iter(NBEST_LINES), nbest, beam=beam, batch_size=2)
+    assert list(streamed) == lists
+
+
+def test_without_nbest_lists_hold_the_translation_unscored_only_for_greedy_search():
+    for beam in (1, 3):
+        lists = _copier().translate_nbest(NBEST_LINES, None, beam=beam)
+        assert [translation.text for translation, in lists] == _copier().translate(NBEST_LINES, beam=beam)
+        unscored = [beam == 1 or not line for line in NBEST_LINES]  # greedy search, or no tokens
+        assert [math.isnan(translation.score) for translation, in lists] == unscored
+
+
+@pytest.mark.parametrize("beam", [2, 4])
+def test_replace_unk_applies_to_every_translation_of_a_list(beam):
+    lists = _copier().translate_nbest(["A cat rides.", "Zebras and cats."], beam, beam=beam, replace_unk=True)
+    assert [translations[0].text for translations in lists] == ["a cat rides.", "zebras and cats."]
+    assert not any("<unk>" in translation.text for translations in lists for translation in translations)
+    assert _copier().translate_nbest(["A cat rides."], beam, beam=beam)[0][0].text == "a <unk> rides."
+
+
+@pytest.mark.parametrize("beam, nbest", [(2, 3), (1, 2), (3, 0)])
+def test_nbest_beyond_the_beam_is_refused_before_translating(beam, nbest):
+    for translate in (lambda t: t.translate_nbest([""], nbest, beam=beam),
+                      lambda t: list(t.translate_stream_nbest([""], nbest, beam=beam))):
+        with pytest.raises(ValueError, match=f"nbest must be between 1 and the beam size {beam}, got {nbest}"):
+            translate(_copier())
