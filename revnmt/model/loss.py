@@ -71,7 +71,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden)
         grad_weight = torch.empty_like(weight)
         grad_bias = torch.empty_like(bias)
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
         chunk = vocab_chunk(hidden.shape[0])
         for start in range(0, vocab, chunk):
             w = weight[start:start + chunk]
@@ -79,8 +78,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             p = torch.addmm(bias[start:start + chunk], hidden, w.t()).sub_(lse[:, None]).exp_()
             if eps:
                 p.sub_(eps / vocab)
+            # Each row's target column, where it falls in this chunk: a scatter of 0 elsewhere, not indexing with a
+            # mask, whose size the host would have to read (on a GPU, a wait per chunk).
             inside = (safe >= start) & (safe < start + w.shape[0])
-            p[rows[inside], safe[inside] - start] -= 1 - eps
+            column = (safe - start).clamp(0, w.shape[0] - 1)[:, None]
+            p.scatter_add_(1, column, torch.where(inside, eps - 1, 0.0).to(p.dtype)[:, None])
             p.mul_(scale)
             grad_hidden.addmm_(p, w)
             grad_weight[start:start + chunk] = p.t() @ hidden

@@ -5,6 +5,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from revnmt.model import loss as loss_module
 from revnmt.model.loss import linear_cross_entropy, logit_work_bytes
+from revnmt.profiling.launches import LaunchCounter
 
 
 def _inputs(vocab: int, rows: int = 9, dim: int = 5):
@@ -88,3 +89,13 @@ def test_the_logit_block_does_not_grow_with_the_rows():
         chunk = loss_module.vocab_chunk(rows)
         assert chunk < loss_module.VOCAB_CHUNK
         assert rows * chunk <= loss_module.LOGIT_BLOCK or chunk == loss_module.MIN_VOCAB_CHUNK
+
+
+def test_the_backward_pass_never_reads_the_host(monkeypatch):
+    # On a GPU a host read is a wait for the device: the loss's backward runs inside the decoder's reverse sweep.
+    monkeypatch.setattr(loss_module, "VOCAB_CHUNK", 16)
+    hidden, weight, bias, target = _inputs(50)
+    loss = linear_cross_entropy(hidden, weight, bias, target, ignore_index=0, label_smoothing=0.1)
+    with LaunchCounter() as counter:
+        loss.objective.backward()
+    assert counter.count > 0 and counter.host_reads == 0
