@@ -98,7 +98,7 @@ class WordStack:
         # words a tile, and a byte a flag would cost as much again as the words (docs/memory.md#buffer-tiles).
         self.flags = torch.zeros(8, self.tiles, dtype=torch.uint8, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
-        self._tile_of_row: torch.Tensor | None = None  # made when a backend asks for it
+        self._rows_and_tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # made when a backend asks for them
         self._group_lost: list[torch.Tensor | float] = []  # bits each pushed group destroyed
         self._widths: list[int] = []  # width of every push, host side: checks LIFO order for free
         self._widths_of: dict[int, list[int]] = {}  # chunk_widths by group width: the same few every step
@@ -116,11 +116,13 @@ class WordStack:
         """Pushes not yet popped."""
         return len(self._widths)
 
-    def tile_of_row(self) -> torch.Tensor:
-        """Each row's tile, [batch] int64 on the device (for backends that index by it)."""
-        if self._tile_of_row is None:
-            self._tile_of_row = torch.arange(self.batch, device=self.device) // self.tile_rows
-        return self._tile_of_row
+    def rows_and_tiles(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's index and its tile, [batch] int64 each on the device (for backends that index by them), made
+        once per buffer: the torch backend indexes by them at every push and pop."""
+        if self._rows_and_tiles is None:
+            rows = torch.arange(self.batch, device=self.device)
+            self._rows_and_tiles = rows, rows // self.tile_rows
+        return self._rows_and_tiles
 
     # ------------------------------------------------------------------ widths and order
 

@@ -70,13 +70,13 @@ class TorchBackend(BufferBackend):
         if active is not None:
             full &= active
         # A tile overflows when any active lane of its rows could: an OR over each tile's rows.
-        tile_of_row = words.tile_of_row()
+        rows, tile_of_row = words.rows_and_tiles()
         overflow = torch.zeros(words.tiles, dtype=torch.int64, device=h.device).index_add_(
             0, tile_of_row, full.any(1).long()) > 0
         row_overflow = overflow[tile_of_row, None]
         # Save every row's live words into the slot above its tile's stack; the flag decides whether they
         # count (the tile's ``top`` advances) and whether its live words restart from zero.
-        words.stack[words.top[tile_of_row], torch.arange(words.batch, device=h.device)] = words.curr
+        words.stack[words.top[tile_of_row], rows] = words.curr
         words.curr.masked_fill_(row_overflow, 0)
         words.top += overflow
         row, bit = flag_position(flag)
@@ -100,8 +100,8 @@ class TorchBackend(BufferBackend):
         live.copy_(buf_new)
         row, bit = flag_position(flag)
         overflow = ((words.flags[row] >> bit) & 1).bool()
-        tile_of_row = words.tile_of_row()
-        below = words.stack[(words.top - 1).clamp(min=0)[tile_of_row], torch.arange(words.batch, device=h.device)]
+        rows, tile_of_row = words.rows_and_tiles()
+        below = words.stack[(words.top - 1).clamp(min=0)[tile_of_row], rows]
         words.curr.copy_(torch.where(overflow[tile_of_row, None], below, words.curr))
         words.top -= overflow.long()
         return h_new

@@ -399,26 +399,29 @@ def launch_options(tile_lanes: int) -> dict:
                 **COMPILE_OPTIONS)
 
 
-def tile_grid(words: wordstack.WordStack) -> tuple[int]:
-    """A walk's launch grid: a program per tile."""
-    return (words.tiles,)
+def walk_launch(batch: int, tile_rows: int, lanes: int) -> tuple[tuple[int], dict]:
+    """The launch grid of a walk over ``batch`` rows, a program per tile of ``tile_rows`` rows on ``lanes`` lanes
+    each, and its launch options: the buffer's kernels and the fused steps launch their walks alike."""
+    return (triton.cdiv(batch, tile_rows),), launch_options(min(tile_rows, batch) * lanes)
 
 
 def _push_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
                  words: wordstack.WordStack, lost: torch.Tensor, lost_table: torch.Tensor, stored: int,
                  first_flag: int, gates: bool) -> None:
-    _push_kernel[tile_grid(words)](
+    grid, options = walk_launch(h.shape[0], words.tile_rows, words.lanes)
+    _push_kernel[grid](
         *_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, words.curr, words.stack, words.top,
         words.flags, words.status, lost, lost_table, h.shape[0], h.shape[1], stored, words.tile_rows, words.lanes,
-        first_flag, words.limit.min_numerator, GATES=gates, **launch_options(words.tile_rows * words.lanes))
+        first_flag, words.limit.min_numerator, GATES=gates, **options)
 
 
 def _pop_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
                 words: wordstack.WordStack, stored: int, first_flag: int, gates: bool) -> None:
-    _pop_kernel[tile_grid(words)](
+    grid, options = walk_launch(h.shape[0], words.tile_rows, words.lanes)
+    _pop_kernel[grid](
         *_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, words.curr, words.stack, words.top,
         words.flags, words.status, h.shape[0], h.shape[1], stored, words.tile_rows, words.lanes, first_flag,
-        words.limit.min_numerator, GATES=gates, **launch_options(words.tile_rows * words.lanes))
+        words.limit.min_numerator, GATES=gates, **options)
 
 
 def _strided(t: torch.Tensor) -> tuple:
@@ -482,6 +485,6 @@ def _lanes_mask(h: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
 __all__ = [
     "COMPILE_OPTIONS", "FORGET_ONE", "FORGET_RADIX", "HIDDEN_SCALE", "INT32_MAX", "INT32_MIN", "OUT_OF_RANGE",
     "STATE_OVERFLOW", "TERM_OVERFLOW", "TO_FLOAT", "WORD_LIMIT", "TritonBackend", "close_tile", "elements",
-    "fixed_terms", "launch_options", "lost_table", "open_tile", "pop_walk", "push_walk", "tile_grid",
+    "fixed_terms", "launch_options", "lost_table", "open_tile", "pop_walk", "push_walk", "walk_launch",
     "tile_rows_of", "to_float",
 ]

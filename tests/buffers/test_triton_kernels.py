@@ -18,41 +18,17 @@ from conftest import HAS_TRITON
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
 
 _COMPILE = textwrap.dedent(r"""
-    import contextlib
-    import io
-    import re
     import sys
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+
+    from ptxas_log import compile_reported
 
     from buffers import TILE_ROWS
     from buffers.backends import triton_kernels as tk
 
-    # ptxas states the registers and spills of a kernel only in its verbose log, which Triton prints (to stdout)
-    # when asked; compiling past Triton's cache makes ptxas run, and log, every time.
-    triton.knobs.nvidia.dump_ptxas_log = True
-    triton.knobs.compilation.always_compile = True
-
-
-    def compile_logged(kernel, signature, values, arch, options):
-        # The compiled kernel, ptxas's registers per thread for its entry, and the bytes it spills (stored, loaded).
-        log = io.StringIO()
-        with contextlib.redirect_stdout(log):
-            compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
-                                      options=options)
-        log = log.getvalue()
-        used = re.search(rf"Compiling entry function '{re.escape(compiled.metadata.name)}'.*?Used (\d+) registers",
-                         log, re.S)
-        spills = [tuple(map(int, m)) for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
-        assert used and spills, f"no ptxas log for {compiled.metadata.name} on sm_{arch}:\n{log}"
-        return compiled, int(used.group(1)), tuple(map(sum, zip(*spills)))
-
-
     # The argument types the backend passes (h int32, masks bool, words int64, ...); z and u are the
     # float gates of an update, or int64 numerators (and an unused u) for push_mul / pop_div.
     TYPES = {"h_ptr": "*i32", "mask_ptr": "*i1", "out_ptr": "*i32", "curr_ptr": "*i64", "stack_ptr": "*i64",
-             "top_ptr": "*i64", "flags_ptr": "*i1",
+             "top_ptr": "*i64", "flags_ptr": "*u8",
              "status_ptr": "*i32", "lost_ptr": "*fp64", "lost_table_ptr": "*fp64", "batch": "i32", "width": "i32",
              "stored": "i32", "tile_rows": "i32", "lanes": "i32", "first_flag": "i32", "min_numerator": "i32",
              **{f"{t}_{s}": "i32" for t in "hzum" for s in ("rs", "cs")}}  # row and column strides
@@ -65,14 +41,8 @@ _COMPILE = textwrap.dedent(r"""
                 values = dict(constexprs, GATES=gates)
                 types = dict(TYPES, z_ptr="*fp32" if gates else "*i64", u_ptr="*fp32" if gates else "*i64")
                 signature = {name: "constexpr" if name in values else types[name] for name in kernel.arg_names}
-                compiled, registers, (stored, loaded) = compile_logged(kernel, signature, values, arch, options)
-                assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
                 variant = f"sm_{arch} {kernel.fn.__name__} gates={gates}"
-                print(f"{variant}: {len(compiled.asm['cubin'])} bytes of cubin, {registers} registers, "
-                      f"{stored}+{loaded} bytes spilled")
-                if stored or loaded:
-                    spilled.append(f"{variant}: {stored} bytes spill stores, {loaded} bytes spill loads, "
-                                   f"{registers} registers")
+                compile_reported(kernel, signature, values, arch, options, variant, spilled)
     assert not spilled, "registers spill:\n" + "\n".join(spilled)
 """)
 
@@ -80,8 +50,8 @@ _COMPILE = textwrap.dedent(r"""
 @pytest.mark.parametrize("arch", [80, 90])
 def test_kernels_compile_for_the_gpu(arch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parents[2])  # where the buffers package is
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    root = Path(__file__).resolve().parents[2]  # where the buffers package is, and tests/ptxas_log.py
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
                             timeout=300)
     print(result.stdout)  # registers and spills per kernel variant (pytest -rP shows them)

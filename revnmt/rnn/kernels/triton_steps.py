@@ -59,13 +59,13 @@ from buffers.backends.triton_kernels import (
     close_tile,
     elements,
     fixed_terms,
-    launch_options,
     lost_table,
     open_tile,
     pop_walk,
     push_walk,
     tile_rows_of,
     to_float,
+    walk_launch,
 )
 from buffers.fixed import FORGET_ONE
 from buffers.plans import PopPlan, SliceUpdate
@@ -452,16 +452,11 @@ def _gru_gates_launch(read: torch.Tensor, weight: torch.Tensor, p_zr: torch.Tens
                                            half, **_TILE, **COMPILE_OPTIONS)
 
 
-def _walks(batch: int, tile_rows: int, lanes: int) -> tuple[tuple[int], dict]:
-    """The launch grid of a walk, a program per buffer tile, and its launch options."""
-    return (triton.cdiv(batch, tile_rows),), launch_options(min(tile_rows, batch) * lanes)
-
-
 def _gru_push_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
                      out: torch.Tensor, new_float: torch.Tensor, curr: torch.Tensor, stack: torch.Tensor,
                      top: torch.Tensor, flags: torch.Tensor, status: torch.Tensor, tile_rows: int, lost: torch.Tensor,
                      lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int, slope: float) -> None:
-    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    grid, options = walk_launch(h.shape[0], tile_rows, curr.shape[1])
     _gru_push_kernel[grid](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(out), new_float, curr,
                            stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, tile_rows,
                            curr.shape[1], first_flag, min_numerator, slope, **options)
@@ -476,7 +471,7 @@ def _gru_reverse_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor,
     restore = _or_no_columns(restore, h)
     diff, write_float, add = grad is not None, prev_float is not None, grad_out is not None
     grad, grad_z, grad_g = (grad, grad_z, grad_g) if diff else (pre_g,) * 3  # untouched without DIFF
-    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    grid, options = walk_launch(h.shape[0], tile_rows, curr.shape[1])
     _gru_reverse_kernel[grid](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(restore), *_rows(prev),
                               prev_float if write_float else pre_g, *_rows(grad), *_rows(grad_out if add else grad),
                               grad_z, grad_g, grad_z.stride(0), curr, stack, top, flags, status, h.shape[0], h.shape[1],
@@ -501,7 +496,7 @@ def _lstm_push_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gat
                       flag_h: int, min_numerator: int, slope: float) -> None:
     if out_h.stride() != out_c.stride():
         raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
-    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    grid, options = walk_launch(h.shape[0], tile_rows, curr.shape[1])
     _lstm_push_kernel[grid](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), out_h, *_rows(out_c),
                             new_float, curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1],
                             stored, tile_rows, curr.shape[1], flag_c, flag_h, min_numerator, slope, **options)
@@ -518,7 +513,7 @@ def _lstm_reverse_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_
     diff, write_float, add = grad_h is not None, prev_float is not None, grad_out is not None
     # Untouched without DIFF:
     grad_h, grad_c, grad_pre, read, inputs = (grad_h, grad_c, grad_pre, read, inputs) if diff else (pre,) * 5
-    grid, options = _walks(h.shape[0], tile_rows, curr.shape[1])
+    grid, options = walk_launch(h.shape[0], tile_rows, curr.shape[1])
     _lstm_reverse_kernel[grid](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), *_rows(restore),
                                *_rows(prev_h), *_rows(prev_c), prev_float if write_float else pre, *_rows(grad_h),
                                *_rows(grad_out if add else grad_h), *_rows(grad_c), *_rows(grad_pre), *_rows(read),

@@ -334,51 +334,28 @@ def test_triton_sweep_is_exact_and_its_gradients_match_autograd(cell):
 
 
 _COMPILE = textwrap.dedent(r"""
-    import contextlib
-    import io
-    import re
     import sys
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+
+    from ptxas_log import compile_reported
 
     from buffers import TILE_ROWS
     from buffers.backends.triton_kernels import launch_options
     from revnmt.rnn.kernels import triton_steps as ts
 
-    # ptxas states the registers and spills of a kernel only in its verbose log, which Triton prints (to stdout)
-    # when asked; compiling past Triton's cache makes ptxas run, and log, every time.
-    triton.knobs.nvidia.dump_ptxas_log = True
-    triton.knobs.compilation.always_compile = True
-
     INTS = {"h", "c", "out", "out_h", "out_c", "prev", "prev_h", "prev_c", "restore", "status"}
-    BOOLS, LONGS, DOUBLES = {"mask", "flags"}, {"curr", "stack", "top"}, {"lost", "lost_table"}
+    BOOLS, BYTES, LONGS, DOUBLES = {"mask"}, {"flags"}, {"curr", "stack", "top"}, {"lost", "lost_table"}
     FLOAT_SCALARS = {"slope"}
 
 
     def arg_type(name):
-        # The types TritonSteps passes: states int32, masks bool, words int64, gates and gradients float32.
+        # The types TritonSteps passes: states int32, masks bool, flags bytes, words int64, gates and gradients fp32.
         if not name.endswith("_ptr"):
             return "fp32" if name in FLOAT_SCALARS else "i32"
         base = name[:-4]
-        for names, kind in ((INTS, "*i32"), (BOOLS, "*i1"), (LONGS, "*i64"), (DOUBLES, "*fp64")):
+        for names, kind in ((INTS, "*i32"), (BOOLS, "*i1"), (BYTES, "*u8"), (LONGS, "*i64"), (DOUBLES, "*fp64")):
             if base in names:
                 return kind
         return "*fp32"
-
-
-    def compile_logged(kernel, signature, values, arch, options):
-        # The compiled kernel, ptxas's registers per thread for its entry, and the bytes it spills (stored, loaded).
-        log = io.StringIO()
-        with contextlib.redirect_stdout(log):
-            compiled = triton.compile(ASTSource(kernel, signature, values), target=GPUTarget("cuda", arch, 32),
-                                      options=options)
-        log = log.getvalue()
-        used = re.search(rf"Compiling entry function '{re.escape(compiled.metadata.name)}'.*?Used (\d+) registers",
-                         log, re.S)
-        spills = [tuple(map(int, m)) for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
-        assert used and spills, f"no ptxas log for {compiled.metadata.name} on sm_{arch}:\n{log}"
-        return compiled, int(used.group(1)), tuple(map(sum, zip(*spills)))
 
 
     options = launch_options(TILE_ROWS * 16)  # a tile of the default rows on 16 lanes, the CUDA default
@@ -399,15 +376,9 @@ _COMPILE = textwrap.dedent(r"""
         for kernel, values, types in typed:
             signature = {name: "constexpr" if name in values else types.get(name, arg_type(name))
                          for name in kernel.arg_names}
-            compiled, registers, (stored, loaded) = compile_logged(kernel, signature, values, arch, options)
-            assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
-            assert kernel in with_products or "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
             variant = f"sm_{arch} {kernel.fn.__name__} {dict(POP=values.get('POP'), DIFF=values.get('DIFF'))} {types}"
-            print(f"{variant}: {len(compiled.asm['cubin'])} bytes of cubin, {registers} registers, "
-                  f"{stored}+{loaded} bytes spilled")
-            if stored or loaded:
-                spilled.append(f"{variant}: {stored} bytes spill stores, {loaded} bytes spill loads, "
-                               f"{registers} registers")
+            compiled = compile_reported(kernel, signature, values, arch, options, variant, spilled)
+            assert kernel in with_products or "fma.rn.f32" not in compiled.asm["ptx"], "FMA contraction must stay off"
     assert not spilled, "registers spill:\n" + "\n".join(spilled)
 """)
 
@@ -415,8 +386,8 @@ _COMPILE = textwrap.dedent(r"""
 @pytest.mark.parametrize("arch", [80, 90])
 def test_step_kernels_compile_for_the_gpu(arch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parents[3])  # where the revnmt and buffers packages are
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    root = Path(__file__).resolve().parents[3]  # where the revnmt and buffers packages are, and tests/ptxas_log.py
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
                             timeout=600)
     print(result.stdout)  # registers and spills per kernel variant (pytest -rP shows them)
