@@ -446,7 +446,7 @@ def last_progress_line(run: Path) -> str:
     except OSError:
         return ""
     for line in reversed(lines):
-        if " | step " in line or "validation after" in line or "test (" in line:
+        if " | step " in line or "INFO validation " in line or "test (" in line:
             return line.split(" INFO ", 1)[-1]
     return ""
 

@@ -60,17 +60,18 @@ class TrainerState:
     step: int = 0  # updates so far, skipped ones included
     best_bleu: float = -1.0  # of all validations (best.pt); below any score, so the first one counts
     best_step: int = 0
-    # --patience compares end-of-epoch dev BLEU with the best end-of-epoch dev BLEU only, so that a
-    # validation at a --max-steps stop does not change when a resumed run stops.
-    epoch_best_bleu: float = -1.0
-    bad_epochs: int = 0
+    # --patience compares the dev BLEU of scheduled validations (at epoch ends and every --valid-every updates) with
+    # the best of them only, so that a validation at a --max-steps stop does not change when a resumed run stops.
+    epoch_best_bleu: float = -1.0  # the best scheduled validation's (named when epochs were the only schedule)
+    bad_epochs: int = 0  # scheduled validations since it, without a better dev BLEU
     elapsed_s: float = 0.0  # training and validation time over all sessions
     train_tokens: int = 0  # target tokens of this process's updates, for throughput
     train_s: float = 0.0  # time in this process's update loop alone (no validation), over all sessions
     reversal_fallbacks: int = 0  # batches trained by backpropagation because reversal failed
     nonfinite_in_a_row: int = 0  # the last updates, skipped for a non-finite loss or gradients (or an overflow)
     # The validation the position calls for and a signal interrupted, done first by a resumed run: the trainer's
-    # EPOCH_END or MAX_STEPS (a --max-steps stop inside an epoch); None when none is due.
+    # EPOCH_END, VALID_EVERY (every --valid-every updates) or MAX_STEPS (a --max-steps stop inside an epoch); None
+    # when none is due.
     validation_due: str | None = None
 
 

@@ -97,6 +97,14 @@ class BudgetPlan:
                 f"{format_bytes(self.base_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}")
 
 
+def accumulation_for(target_tokens: int, fitted_tokens: int) -> tuple[int, int]:
+    """How an effective batch of ``target_tokens`` is reached with batches of at most ``fitted_tokens`` (what fits a
+    memory budget): the fewest batches that together reach it, accumulated into one update, and the batch size that
+    spreads the target evenly over them; as ``(update_freq, batch_tokens)``."""
+    update_freq = -(-target_tokens // fitted_tokens)  # ceil: at least the target
+    return update_freq, -(-target_tokens // update_freq)
+
+
 def optimizer_bytes(model: Seq2Seq, optimizer: str) -> int:
     """The optimizer's per-parameter state, which its first update allocates."""
     return sum(p.numel() * p.element_size() for p in model.parameters()) * OPTIMIZER_STATES[optimizer]

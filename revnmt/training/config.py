@@ -71,7 +71,7 @@ class TrainingConfig:
     lr_decay: float = option(0.5, check=strictly_between_0_and_1, role=CHANGEABLE,
                              help="LR factor when the dev loss stops improving")
     lr_patience: int = option(0, check=non_negative, role=CHANGEABLE,
-                              help="epochs without dev-loss improvement before the LR decays")
+                              help="validations without dev-loss improvement before the LR decays")
     min_lr: float = option(1e-5, check=non_negative_number, role=CHANGEABLE,
                            help="stop once the LR decays below this")
     epochs: int = option(30, check=positive, role=CHANGEABLE, help="passes over the training data")
@@ -82,13 +82,22 @@ class TrainingConfig:
                                     "is given)")
     batch_tokens: int | None = option(None, type=int, check=positive, role=RUN_DEFINING,
                                       help="padded tokens per batch")
+    update_freq: int = option(1, check=positive, metavar="N", role=RUN_DEFINING,
+                              help="accumulate the gradients of N consecutive batches into one update (fairseq's "
+                              "name): an effective batch N times as large at one batch's memory")
     memory_budget: int | None = option(None, type=byte_size, check=positive, metavar="SIZE", role=RUN_DEFINING,
                                        help="e.g. 2GiB: the peak memory training may reach, measured as the "
                                        "process's resident memory (RSS) on CPU and as the CUDA allocator's reserved "
                                        "memory on a GPU; the largest token batch whose step fits is chosen (instead "
-                                       "of --batch-size/--batch-tokens), and checked every step")
+                                       "of --batch-size), and checked every step. With --batch-tokens N, N is the "
+                                       "effective batch: the fewest batches that fit are accumulated to reach it "
+                                       "(the --update-freq is chosen)")
     patience: int = option(5, check=positive, role=CHANGEABLE,
-                           help="epochs without dev-BLEU improvement before stopping")
+                           help="validations (at epoch ends, and every --valid-every updates) without dev-BLEU "
+                           "improvement before stopping")
+    valid_every: int | None = option(None, type=int, check=positive, metavar="N", group=RUN, role=CHANGEABLE,
+                                     help="also validate every N updates, with everything a validation at an epoch's "
+                                     "end does: best.pt, --keep-checkpoints, the LR schedule and --patience")
     valid_beam: int = option(1, check=positive, group=RUN, role=CHANGEABLE, help="beam for dev BLEU (1: greedy)")
     test_beam: int = option(5, check=positive, group=RUN, role=CHANGEABLE, help="beam for the test set")
     log_every: int = option(100, check=positive, group=RUN, role=CHANGEABLE, help="steps between log lines")
@@ -125,8 +134,12 @@ class TrainingConfig:
         if self.devices is not None:
             object.__setattr__(self, "devices", tuple(self.devices))  # a list in JSON
         check_options(self)
-        if self.memory_budget is not None and (self.batch_size or self.batch_tokens):
-            raise ValueError("--memory-budget chooses the batch: leave out --batch-size and --batch-tokens")
+        if self.memory_budget is not None and self.batch_size:
+            raise ValueError("--memory-budget chooses the batch: leave out --batch-size (--batch-tokens sets the "
+                             "effective batch it accumulates to)")
+        if self.memory_budget is not None and self.batch_tokens and self.update_freq > 1:
+            raise ValueError("--memory-budget with --batch-tokens chooses the --update-freq that reaches the "
+                             "effective batch: leave out --update-freq")
         if self.lr < self.min_lr:
             raise ValueError(f"--lr {self.lr:g} is below --min-lr {self.min_lr:g}: training would stop at once")
         if self.devices is not None and not self.hogwild:

@@ -143,9 +143,10 @@ class DistributedTrainer(Trainer):
             # Rank 0 draws its dropout masks from the run's (checkpointed) generator; the others
             # need masks of their own. A resumed run repeats rank 0's masks exactly, not theirs.
             torch.manual_seed(derived_seed(self.config.training.seed, self.rank, self.state.step))
-        logger.info("%d ranks: each update averages the gradients of %d batches, one per rank; the last "
+        freq = self.batching.update_freq
+        logger.info("%d ranks: each update averages the gradients of %d batches, %d per rank; the last "
                     "(number of batches mod %d) batches of each epoch are left out", self.world_size,
-                    self.world_size, self.world_size)
+                    self.world_size * freq, freq, self.world_size)
         reason = super().train()
         self._check_replicas()
         return reason
@@ -187,11 +188,11 @@ class DistributedTrainer(Trainer):
         # The other ranks wait for rank 0's validation in a broadcast: a signal stops the job after it.
         return nullcontext()
 
-    def _validate(self, end_of_epoch: bool) -> None:
+    def _validate(self, due: str) -> None:
         # Rank 0 validates and saves while the others wait in the broadcast of its outcome, which is
         # thus the epoch's barrier; with it every rank has the same state, LR and stop decision.
         if self.job.is_main:
-            super()._validate(end_of_epoch)
+            super()._validate(due)
         outcome = [(asdict(self.state), self.scheduler.state_dict(), current_lr(self.optimizer))]
         dist.broadcast_object_list(outcome, src=0)
         state, scheduler, lr = outcome[0]

@@ -7,7 +7,8 @@ model, runs ``train_step`` there (filling the private ``.grad``), and then appli
 the shared weights with an optimizer of its own over them (as in PyTorch's Hogwild example),
 whose gradient tensors are the worker's and never shared. The shared weights live in host memory;
 on CUDA a worker copies them to its GPU for each batch and its gradients back. Worker w of N
-trains batches w, w + N, w + 2N, ... of each epoch's (deterministic) batch list.
+trains batches w, w + N, w + 2N, ... of each epoch's (deterministic) batch list, ``--update-freq`` of them
+per update, all on one snapshot.
 
 Between epochs the main process validates, checkpoints, decays the LR and decides whether to stop.
 It talks to the workers through queues rather than an ``mp.Barrier``: a queue also carries the
@@ -114,6 +115,7 @@ class WorkerSetup:
     config: TrainingConfig
     train: EncodedDataset
     sampler: BatchSampler
+    update_freq: int  # of the worker's own batches accumulated into each of its updates
 
 
 def worker_devices(config: TrainingConfig) -> list[str]:
@@ -140,9 +142,9 @@ def _worker(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp
 
 
 def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.Queue, end: EpochEnd) -> None:
-    # Messages to the main process: ("ready", rank) once set up, ("step", rank, summed loss, target
-    # tokens, the ReversalError's text if the batch fell back to backpropagation, else None, why the update
-    # was skipped if it was, else None) after each update, ("done", rank) after each epoch, ("error", rank,
+    # Messages to the main process: ("ready", rank) once set up, ("step", rank, batches trained, summed loss,
+    # target tokens, the ReversalError's text if the batches fell back to backpropagation, else None, why the
+    # update was skipped if it was, else None) after each update, ("done", rank) after each epoch, ("error", rank,
     # traceback) from _worker.
     torch.set_num_threads(setup.threads)  # N workers with every core each would oversubscribe the CPU
     device = torch.device(setup.device)
@@ -157,12 +159,12 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
         torch.manual_seed(derived_seed(setup.config.seed, command.epoch, setup.rank))  # dropout masks of its own
         batches = setup.sampler.batches(command.epoch)
         first = command.start + (setup.rank - command.start) % setup.n_workers  # the first index ≡ rank mod N
-        for index in range(first, command.end, setup.n_workers):
-            if not end.claim(index):
-                break
-            private.load_state_dict(shared.state_dict())  # the snapshot that stays fixed through the batch
-            batch = make_batch(setup.train, batches[index]).to(device)
-            gradients = compute_gradients(private, [batch])
+        mine = iter(range(first, command.end, setup.n_workers))
+        # An update accumulates the next update_freq of the worker's batches, each claimed before it is trained.
+        while claimed := [index for _, index in zip(range(setup.update_freq), mine) if end.claim(index)]:
+            private.load_state_dict(shared.state_dict())  # the snapshot that stays fixed through the update
+            parts = [make_batch(setup.train, batches[index]).to(device) for index in claimed]
+            gradients = compute_gradients(private, parts)
             for shared_param, param in zip(shared.parameters(), private.parameters()):
                 # On the CPU these are the private tensors themselves (no copy); shared_param.grad
                 # was created in this process, so it is this worker's, not shared.
@@ -171,7 +173,8 @@ def _train(setup: WorkerSetup, shared: Seq2Seq, commands: mp.Queue, results: mp.
             # .item() costs no extra sync on CUDA: clip_and_step already waited for the loss.
             error = None if gradients.reversal_error is None else str(gradients.reversal_error)
             skipped = None if stepped else gradients.skip_reason()
-            results.put(("step", setup.rank, gradients.loss.item(), batch.n_tokens, error, skipped))
+            results.put(("step", setup.rank, len(claimed), gradients.loss.item(), sum(part.n_tokens for part in parts),
+                         error, skipped))
         results.put(("done", setup.rank))
 
 
@@ -191,7 +194,7 @@ class WorkerPool:
     """The worker processes of a Hogwild run and the main process's ends of their queues."""
 
     def __init__(self, config: TrainingConfig, shared: Seq2Seq, train: EncodedDataset,
-                 sampler: BatchSampler) -> None:
+                 sampler: BatchSampler, update_freq: int) -> None:
         # spawn: CUDA cannot be used in forked children, and fork risks deadlocks (threads, locks).
         context = mp.get_context("spawn")
         threads = max(1, torch.get_num_threads() // config.hogwild)  # the cores (or OMP_NUM_THREADS), split
@@ -200,7 +203,7 @@ class WorkerPool:
         self.end = EpochEnd(context)
         self.processes = []
         for rank, device in enumerate(worker_devices(config)):
-            setup = WorkerSetup(rank, config.hogwild, device, threads, config, train, sampler)
+            setup = WorkerSetup(rank, config.hogwild, device, threads, config, train, sampler, update_freq)
             process = context.Process(target=_worker, args=(setup, shared, self.commands[rank], self.results, self.end),
                                       name=f"hogwild-{rank}", daemon=True)
             process.start()
@@ -220,10 +223,10 @@ class WorkerPool:
     def __exit__(self, error_type, error, tb) -> None:
         self.close(graceful=error_type is None)
 
-    def run_epoch(self, command: EpochCommand) -> Iterator[tuple[int, float, int, str | None, str | None]]:
-        """Have every worker train its share of ``command``; yields (rank, summed loss, target tokens, reversal
-        error or None, why the update was skipped or None) per update until all are done (:attr:`end` may end
-        the epoch early). Raises WorkerError when a worker fails or dies."""
+    def run_epoch(self, command: EpochCommand) -> Iterator[tuple[int, int, float, int, str | None, str | None]]:
+        """Have every worker train its share of ``command``; yields (rank, batches trained, summed loss, target
+        tokens, reversal error or None, why the update was skipped or None) per update until all are done
+        (:attr:`end` may end the epoch early). Raises WorkerError when a worker fails or dies."""
         self.end.reset(command.end)
         for commands in self.commands:
             commands.put(command)
@@ -285,7 +288,8 @@ class HogwildTrainer(Trainer):
     def train(self) -> str:
         """Start the workers, train as Trainer.train does, stop them (at once if training failed)."""
         _copy_weights(self.model, self.shared)  # weights restored from a checkpoint
-        with WorkerPool(self.config.training, self.shared, self.data.train, self.sampler) as self.pool:
+        with WorkerPool(self.config.training, self.shared, self.data.train, self.sampler,
+                        self.batching.update_freq) as self.pool:
             return super().train()
 
     def _memory_line(self) -> str:
@@ -303,18 +307,20 @@ class HogwildTrainer(Trainer):
             return False
         n_batches = len(self.sampler.batches(state.epoch))
         start = state.batch_in_epoch
-        end = n_batches if cfg.max_steps is None else min(n_batches, start + cfg.max_steps - state.step)
+        freq = self.batching.update_freq
+        end = n_batches if cfg.max_steps is None else min(n_batches, start + (cfg.max_steps - state.step) * freq)
+        if cfg.valid_every:  # the workers stop at the next validation's step, or just past it (their groups race)
+            end = min(end, start + (cfg.valid_every - state.step % cfg.valid_every) * freq)
         command = EpochCommand(state.epoch, start, end, current_lr(self.optimizer))
-        updates = [0] * cfg.hogwild
+        updates, trained = [0] * cfg.hogwild, start
         with self.reporter.epoch(state.epoch, n_batches, start):
-            for rank, loss, n_tokens, error, skipped in self.pool.run_epoch(command):
-                where = f"a batch of Hogwild worker {rank} (step {state.step + 1})"
+            for rank, batches, loss, n_tokens, error, skipped in self.pool.run_epoch(command):
+                where = f"{'a batch' if freq == 1 else 'batches'} of Hogwild worker {rank} (step {state.step + 1})"
                 self._count_fallbacks(int(error is not None), where, error)
                 self._count_skipped(skipped, where)
                 updates[rank] += 1
-                state.step += 1
-                self.reporter.step(state.step, start + sum(updates), None if skipped else torch.tensor(loss),
-                                   n_tokens, command.lr)
+                state.step, trained = state.step + 1, trained + batches
+                self.reporter.step(state.step, trained, None if skipped else torch.tensor(loss), n_tokens, command.lr)
                 if self._should_stop() and end == command.end:
                     end = self.pool.end.stop_early(start)
         # Every batch of [start, end) is trained now, so a --max-steps stop or an interrupt resumes at ``end``.

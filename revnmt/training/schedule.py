@@ -67,7 +67,8 @@ def build_optimizer(config: TrainingConfig, params: Iterable[torch.nn.Parameter]
 
 
 def build_scheduler(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> ReduceLROnPlateau:
-    """Multiply the LR by ``--lr-decay`` after ``--lr-patience`` + 1 epochs without a lower dev loss.
+    """Multiply the LR by ``--lr-decay`` after ``--lr-patience`` + 1 scheduled validations (epoch ends, and
+    every ``--valid-every`` updates) without a lower dev loss.
 
     No ``min_lr`` floor: the trainer stops once the rate is below ``--min-lr`` instead of going
     on at a rate that no longer changes the model.

@@ -1,5 +1,6 @@
 """The training loop: updates, validation, LR decay, early stopping, checkpoints that resume exactly.
 
+An update trains ``--update-freq`` consecutive batches (their gradients accumulated) on each process.
 A checkpoint holds the model, optimizer, scheduler, every RNG and the position inside the epoch.
 Batch order is a pure function of (seed, epoch), so a resumed run rebuilds the epoch's batches,
 skips those already trained on, and makes the same updates as a run that was never interrupted.
@@ -39,12 +40,12 @@ from revnmt.checkpoints import (
     set_rng_state,
 )
 from revnmt.data import Batch, BatchSampler, TrainingData, make_batch, sorted_batches
-from revnmt.memory.budget import BudgetGuard, BudgetPlan
+from revnmt.memory.budget import BudgetGuard, BudgetPlan, accumulation_for
 from revnmt.model import Seq2Seq, StepResult
 from revnmt.rnn import ReversalError
 from revnmt.translation import Translator, evaluate
 
-from .config import RunConfig
+from .config import RunConfig, TrainingConfig
 from .interrupts import Interrupted, Signalled, StopRequest, raise_on_signals
 from .progress import StepReporter, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
@@ -155,7 +156,9 @@ def clip_and_step(optimizer: torch.optim.Optimizer, clip: float, loss: torch.Ten
     return True
 
 
-EPOCH_END, MAX_STEPS = "end of epoch", "max steps"  # where a validation is due (TrainerState.validation_due)
+# Where a validation is due (TrainerState.validation_due). EPOCH_END and VALID_EVERY are the scheduled ones: they
+# step the LR schedule and count towards --patience.
+EPOCH_END, VALID_EVERY, MAX_STEPS = "end of epoch", "every N updates", "max steps"
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,34 @@ class Validation:
     @property
     def ppl(self) -> float:
         return math.exp(min(self.loss, 100.0))
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the training data becomes updates: each batch's size (padded tokens, or sentences) and how many
+    consecutive batches' gradients one update accumulates (``--update-freq``)."""
+
+    batch_tokens: int | None
+    batch_size: int | None
+    update_freq: int
+
+    @classmethod
+    def of(cls, cfg: TrainingConfig, plan: BudgetPlan | None) -> Batching:
+        """The options' batching, or the memory plan's: the largest batch that fits, or (with ``--batch-tokens``
+        as the effective batch) the fewest batches that fit and reach it."""
+        if plan is None:
+            return cls(cfg.batch_tokens, cfg.batch_size, cfg.update_freq)
+        if cfg.batch_tokens is None:
+            return cls(plan.batch_tokens, None, cfg.update_freq)
+        update_freq, batch_tokens = accumulation_for(cfg.batch_tokens, plan.batch_tokens)
+        return cls(batch_tokens, None, update_freq)
+
+    def describe(self) -> str:
+        batch = f"{self.batch_tokens} padded tokens" if self.batch_tokens else f"{self.batch_size} sentences"
+        if self.update_freq == 1:
+            return f"batches of up to {batch}, one per update"
+        return (f"batches of up to {batch}, {self.update_freq} accumulated per update (--update-freq): an "
+                f"effective batch of up to {self.update_freq} x {batch}")
 
 
 class Trainer:
@@ -179,9 +210,9 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, model.parameters())
         self.scheduler = build_scheduler(cfg, self.optimizer)
         self.state = TrainerState()
-        batch_tokens, batch_size = (plan.batch_tokens, None) if plan else (cfg.batch_tokens, cfg.batch_size)
-        self.sampler = BatchSampler(data.train.lengths, batch_tokens=batch_tokens, batch_size=batch_size,
-                                    shuffle=True, seed=cfg.seed)
+        self.batching = Batching.of(cfg, plan)
+        self.sampler = BatchSampler(data.train.lengths, batch_tokens=self.batching.batch_tokens,
+                                    batch_size=self.batching.batch_size, shuffle=True, seed=cfg.seed)
         self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
         self.device = next(model.parameters()).device
         # With a budget, every step's measured peak is checked against it (and the log shows both).
@@ -270,7 +301,7 @@ class Trainer:
         if state.epoch > cfg.epochs:
             return f"completed --epochs {cfg.epochs}"
         if state.bad_epochs >= cfg.patience:
-            return f"no dev BLEU improvement in {state.bad_epochs} epochs (--patience {cfg.patience})"
+            return f"no dev BLEU improvement in {state.bad_epochs} validations (--patience {cfg.patience})"
         if current_lr(self.optimizer) < cfg.min_lr:
             return f"learning rate {current_lr(self.optimizer):.2e} is below --min-lr {cfg.min_lr:g}"
         return None
@@ -278,27 +309,26 @@ class Trainer:
     def train(self) -> str:
         """Train until a stop condition holds; return it.
 
-        Validation follows every epoch, and a stop at ``--max-steps`` inside an epoch. Only
-        end-of-epoch validations step the LR schedule and the patience count, so where a run
-        was stopped and resumed changes neither its updates nor when it stops (only best.pt
-        can differ: the stop's validation may find a better model).
+        Validation follows every epoch, every ``--valid-every`` updates, and a stop at ``--max-steps``
+        inside an epoch. Only the scheduled ones (epoch ends, every N updates) step the LR schedule and
+        the patience count, so where a run was stopped and resumed changes neither its updates nor
+        when it stops (only best.pt can differ: the stop's validation may find a better model).
         """
         if self.state.step == 0:
             self._write_tsv_header()
-        logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters", self.state.epoch,
+        logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters; %s", self.state.epoch,
                     self.state.step, len(self.sampler.batches(self.state.epoch)),
-                    sum(p.numel() for p in self.model.parameters()))
-        max_steps = self.config.training.max_steps
+                    sum(p.numel() for p in self.model.parameters()), self.batching.describe())
         # self.state, not a local name for it: a torchrun rank takes rank 0's state object after a validation
         while self.state.validation_due is not None or (reason := self.stop_reason()) is None:
             if self.state.validation_due is None:
+                before = self.state.step
                 epoch_done = self._train_epoch()
                 self._check_weights()  # before the checkpoint of a stop or a validation
-                if epoch_done or (max_steps is not None and self.state.step >= max_steps):
-                    self.state.validation_due = EPOCH_END if epoch_done else MAX_STEPS
+                self.state.validation_due = self._validation_due(epoch_done, before)
             if self.state.validation_due is not None and not self._should_stop():
                 try:
-                    self._validate(end_of_epoch=self.state.validation_due == EPOCH_END)
+                    self._validate(self.state.validation_due)
                 except Signalled as signalled:  # in the dev translation: saved as due, the resumed run validates
                     self.stop.request(signalled.signum)
             if self._should_stop():
@@ -310,24 +340,44 @@ class Trainer:
                     self.state.best_step)
         return reason
 
+    def _validation_due(self, epoch_done: bool, before: int) -> str | None:
+        """The validation due after training from step ``before`` to this one, which ended the epoch if
+        ``epoch_done``; None if none is."""
+        cfg, step = self.config.training, self.state.step
+        if epoch_done:
+            return EPOCH_END
+        if cfg.valid_every and step // cfg.valid_every > before // cfg.valid_every:
+            return VALID_EVERY
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            return MAX_STEPS
+        return None
+
     def _train_epoch(self) -> bool:
-        """Train on the rest of the current epoch; False if ``--max-steps`` cut it short."""
+        """Train on the rest of the current epoch; False if ``--max-steps``, a validation every
+        ``--valid-every`` updates or a signal cut it short."""
         cfg, state = self.config.training, self.state
         batches = self.sampler.batches(state.epoch)
         # With several processes the last len % world_size batches are left out: every process
         # must take part in every update (DistributedTrainer averages their gradients).
         n_batches = len(batches) - len(batches) % self.world_size
+        # An update trains a group of update_freq batches on each process: those of the group's positions
+        # ≡ rank (mod world_size). An epoch's last group may be smaller; it still spans every process.
+        group = self.world_size * self.batching.update_freq
         self.model.train()
         tick = time.monotonic()
         with self.reporter.epoch(state.epoch, n_batches, state.batch_in_epoch):
-            for first in range(state.batch_in_epoch, n_batches, self.world_size):
+            for first in range(state.batch_in_epoch, n_batches, group):
                 if self._should_stop():
                     break
-                parts = self._parts(batches[first + self.rank])
-                loss = self._update(parts, f"batch {first + self.rank} of epoch {state.epoch} (step {state.step + 1})")
+                end = min(first + group, n_batches)
+                mine = range(first + self.rank, end, self.world_size)
+                split = [self._parts(batches[index]) for index in mine]
+                parts = [part for pieces in split for part in pieces]
+                named = f"batch {mine[0]}" if len(mine) == 1 else f"batches {mine[0]}-{mine[-1]}"
+                loss = self._update(parts, f"{named} of epoch {state.epoch} (step {state.step + 1})")
                 if self.guard is not None:
-                    self._check_budget(batches[first + self.rank], parts)
-                state.step, state.batch_in_epoch = state.step + 1, first + self.world_size
+                    self._check_budget([batches[index] for index in mine], split)
+                state.step, state.batch_in_epoch = state.step + 1, end
                 n_tokens = sum(part.n_tokens for part in parts) if loss is not None else 0
                 # Counted per step (not per epoch) so that a --save-every checkpoint carries it.
                 state.train_tokens += n_tokens
@@ -338,6 +388,8 @@ class Trainer:
                     self._save(best=False)
                 tick = time.monotonic()
                 if cfg.max_steps is not None and state.step >= cfg.max_steps:
+                    break
+                if cfg.valid_every and state.step % cfg.valid_every == 0:
                     break
         return state.batch_in_epoch == n_batches
 
@@ -352,8 +404,14 @@ class Trainer:
         size = max(1, limit // length)
         return [make_batch(self.data.train, ordered[i: i + size]).to(self.device) for i in range(0, len(ordered), size)]
 
-    def _check_budget(self, indices: list[int], parts: list[Batch]) -> None:
-        length = int(self.data.train.lengths[indices].max())
+    def _check_budget(self, group: list[list[int]], split: list[list[Batch]]) -> None:
+        """Hold the update's measured peak against the plan, as a step on the group's costliest batch (the one
+        of most padded tokens; ``split[k]``: the parts batch ``group[k]`` trained in)."""
+        lengths = self.data.train.lengths
+        padded = [len(indices) * int(lengths[indices].max()) for indices in group]
+        costliest = padded.index(max(padded))
+        indices, parts = group[costliest], split[costliest]
+        length = int(lengths[indices].max())
         if not self.guard.check(len(indices), length, max(len(part) for part in parts) * length):
             logger.info("%s", self.plan.describe())
 
@@ -452,14 +510,16 @@ class Trainer:
         """Where a signal stops validation at once (raising :class:`Signalled`) rather than after it."""
         return raise_on_signals()
 
-    def _validate(self, end_of_epoch: bool) -> None:
+    def _validate(self, due: str) -> None:
+        """The validation ``due`` (EPOCH_END, VALID_EVERY or MAX_STEPS): score the dev set, log it, save, and for
+        a scheduled one step the LR schedule and the patience count; after EPOCH_END the next epoch begins."""
         state, epoch, lr = self.state, self.state.epoch, current_lr(self.optimizer)
         result = self.evaluate()
         finite = math.isfinite(result.loss) and math.isfinite(result.bleu)  # else a diverged model's: never best
         improved = finite and result.bleu > state.best_bleu
         if improved:
             state.best_bleu, state.best_step = result.bleu, state.step
-        if end_of_epoch:
+        if due in (EPOCH_END, VALID_EVERY):
             if finite and result.bleu > state.epoch_best_bleu:
                 state.epoch_best_bleu, state.bad_epochs = result.bleu, 0
             else:
@@ -467,10 +527,12 @@ class Trainer:
             self.scheduler.step(result.loss)
             if current_lr(self.optimizer) < lr:
                 logger.info("dev loss did not improve: learning rate %.2e -> %.2e", lr, current_lr(self.optimizer))
+        if due == EPOCH_END:
             state.epoch, state.batch_in_epoch = epoch + 1, 0
         state.validation_due = None
-        logger.info("validation after epoch %d%s, step %d: dev loss %.3f | ppl %.2f | BLEU %.2f%s", epoch,
-                    "" if end_of_epoch else " (part)", state.step, result.loss, result.ppl, result.bleu,
+        where = {EPOCH_END: "after epoch %d", VALID_EVERY: "in epoch %d", MAX_STEPS: "in epoch %d (part)"}[due]
+        logger.info(f"validation {where}, step %d: dev loss %.3f | ppl %.2f | BLEU %.2f%s", epoch, state.step,
+                    result.loss, result.ppl, result.bleu,
                     " (best)" if improved else f"{'' if finite else ' (not finite)'} (best {state.best_bleu:.2f} at "
                     f"step {state.best_step})")
         row = (epoch, state.step, f"{result.loss:.4f}", f"{result.ppl:.2f}", f"{result.bleu:.2f}", f"{lr:.3g}",

@@ -88,3 +88,7 @@ def test_defaults_that_depend_on_other_options_are_resolved_by_the_config():
     assert TrainingConfig(save_dir="x", batch_tokens=2000).batch_size is None
     with pytest.raises(ValueError, match="--memory-budget chooses the batch"):
         TrainingConfig(save_dir="x", memory_budget=2**30, batch_size=8)
+    # --batch-tokens with a budget is the effective batch, which the budget reaches with the --update-freq it chooses
+    assert TrainingConfig(save_dir="x", memory_budget=2**30, batch_tokens=4096).batch_tokens == 4096
+    with pytest.raises(ValueError, match="chooses the --update-freq"):
+        TrainingConfig(save_dir="x", memory_budget=2**30, batch_tokens=4096, update_freq=2)

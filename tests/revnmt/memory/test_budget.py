@@ -12,6 +12,7 @@ from revnmt.memory.budget import (
     BudgetPlan,
     StepCost,
     _largest_batch,
+    accumulation_for,
     base_bytes,
     fit_step_cost,
     optimizer_bytes,
@@ -70,6 +71,20 @@ def test_the_fitted_cost_predicts_an_unseen_batch(rnn, attention):
     cost = fit_step_cost(model, 4, 30, meter)
     measured = probe_step_bytes(model, synthetic_batch(5, 17, 2000, 4000, CPU), meter)
     assert cost(5, 17) == pytest.approx(measured, rel=0.25)
+
+
+@pytest.mark.parametrize(("target", "fitted", "expected"), [
+    (4096, 5000, (1, 4096)),  # it fits: one batch of the target
+    (4096, 4096, (1, 4096)),
+    (4097, 4096, (2, 2049)),  # two batches, the target spread evenly over them
+    (10_000, 3000, (4, 2500)),
+    (25_000, 1, (25_000, 1)),
+])
+def test_an_effective_batch_is_reached_with_the_fewest_batches_that_fit(target, fitted, expected):
+    update_freq, batch_tokens = accumulation_for(target, fitted)
+    assert (update_freq, batch_tokens) == expected
+    assert batch_tokens <= fitted and update_freq * batch_tokens >= target  # fits, and reaches the target
+    assert update_freq == 1 or (update_freq - 1) * fitted < target  # and no fewer batches would
 
 
 def test_the_worst_batches_the_sampler_can_form_stay_within_the_budget():

@@ -63,6 +63,22 @@ def test_hogwild_workers_share_the_updates_and_the_loss_falls(train, tmp_path):
     _translates(run)
 
 
+def test_hogwild_workers_accumulate_their_own_batches(train, tmp_path):
+    run = tmp_path / "hogwild"
+    assert train(run, "--hogwild", "2", "--epochs", "1", "--update-freq", "2", *FAST) == 0
+    # worker 0 trains batches 0, 2, 4, 6 of the 7 in two updates, worker 1 batches 1, 3 and then 5 alone
+    assert Checkpoint.load(run / "last.pt").step == 4
+    assert "updates by Hogwild worker 0: 2, 1: 2" in (run / "train.log").read_text()
+    _translates(run)
+
+
+def test_hogwild_workers_pause_for_validations_every_n_updates(train, tmp_path):
+    run = tmp_path / "hogwild"
+    assert train(run, "--hogwild", "2", "--epochs", "1", "--valid-every", "3", *FAST) == 0
+    rows = (run / "valid.tsv").read_text().splitlines()[1:]
+    assert [int(row.split("\t")[1]) for row in rows] == [3, 6, 7]  # every 3 updates, and at the epoch's end
+
+
 class RaisingInWorker1(ReversibleSeq2Seq):
     """Trains as its family does, except in Hogwild worker 1 (whose private model is of the shared model's
     class), where every step raises."""
@@ -180,17 +196,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_ranks_train_identical_weights(toy, tmp_path):
+@pytest.mark.parametrize("update_freq", [1, 2])
+def test_torchrun_ranks_train_identical_weights(toy, tmp_path, update_freq):
     run = tmp_path / "ranks"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(_free_port()), "train.py", "--train", toy["train"], "--valid", toy["valid"],
-               "--save-dir", str(run), *TINY_MODEL, "--batch-size", "32", "--epochs", "2", *FAST]
+               "--save-dir", str(run), *TINY_MODEL, "--batch-size", "32", "--epochs", "2",
+               "--update-freq", str(update_freq), *FAST]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
 
     checkpoint = Checkpoint.load(run / "last.pt")
-    # 2 epochs of 7 batches: 3 updates of 2 batches each (the 7th is left out so both ranks take part)
-    assert checkpoint.step == 6
+    # 2 epochs of 7 batches, the 7th left out so both ranks take part: 3 updates of 2 batches each, or with
+    # --update-freq 2 updates of 4 batches (2 per rank) and 2 (1 per rank)
+    assert checkpoint.step == {1: 6, 2: 4}[update_freq]
     digest = re.search(r"weights identical on all 2 ranks: SHA-256 (\w+)", (run / "train.log").read_text())
     assert digest and digest.group(1) == state_digest(checkpoint.weights)  # rank 1's weights = rank 0's checkpoint
     assert "[rank 0]" in result.stderr and "[rank 1]" not in result.stderr  # rank 1 logs warnings only

@@ -99,7 +99,7 @@ def test_patience_and_min_lr_stop_training(train, tmp_path, caplog):
     # At these learning rates nothing changes, so neither dev BLEU nor dev loss improves after epoch 1.
     with caplog.at_level(logging.INFO):
         assert train(tmp_path / "patience", "--lr", "1e-9", "--min-lr", "1e-10", "--patience", "1") == 0
-    assert "no dev BLEU improvement in 1 epochs (--patience 1)" in caplog.text
+    assert "no dev BLEU improvement in 1 validations (--patience 1)" in caplog.text
     assert Checkpoint.load(tmp_path / "patience" / "last.pt").training.trainer.epoch == 3
     caplog.clear()
     with caplog.at_level(logging.INFO):
@@ -158,13 +158,16 @@ def test_memory_budget_too_small_for_the_model_stops_with_what_it_needs(train, t
     assert "a budget of at least" in (tmp_path / "small" / "train.log").read_text()
 
 
-def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy):
-    # After a step over the budget, batches above plan.step_tokens train in parts; the gradients of
-    # the parts add up to the whole batch's.
+@pytest.mark.parametrize("rnn", ["gru", "revgru", "revlstm"])
+def test_the_gradients_of_a_batch_in_parts_add_up_to_the_whole_batchs(toy, rnn):
+    # Parts are what --update-freq accumulates (consecutive batches) and what a shrunk plan trains (after a step
+    # over the budget, batches above plan.step_tokens): their gradients add up to the one large batch's, up to
+    # the order of float summation.
     data = load_data(DataConfig(train=toy["train"], valid=toy["valid"], min_freq=1))
     torch.manual_seed(0)
-    model = build_model(ModelConfig(rnn="gru", emb_dim=16, hidden_size=16, attention="hidden", dropout=0.0,
-                                src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)))
+    model = build_model(ModelConfig(rnn=rnn, emb_dim=16, hidden_size=16, attention="hidden", dropout=0.0,
+                                    src_vocab=len(data.src_vocab), tgt_vocab=len(data.tgt_vocab)),
+                        ExecutionConfig(buffer_lanes=4))
     indices = list(range(12))
     whole = make_batch(data.train, indices)
     parts = [make_batch(data.train, indices[:5]), make_batch(data.train, indices[5:])]
@@ -172,6 +175,81 @@ def test_a_shrunk_plan_trains_large_batches_in_parts_with_the_same_gradients(toy
     grads = [p.grad.clone() for p in model.parameters()]
     assert torch.allclose(compute_gradients(model, parts).loss, loss)
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), grads))
+
+
+def test_update_freq_accumulates_consecutive_batches_into_one_update(train, tmp_path, monkeypatch):
+    import revnmt.training.trainer as trainer
+
+    updates: dict[int, list[list[int]]] = {1: [], 2: []}
+    for freq, calls in updates.items():
+        def recording(model, parts, calls=calls):
+            calls.append([index for part in parts for index in part.indices])
+            return compute_gradients(model, parts)
+
+        monkeypatch.setattr(trainer, "compute_gradients", recording)
+        assert train(tmp_path / str(freq), "--update-freq", str(freq), "--epochs", "1") == 0
+    # 7 batches: 4 updates, the last of one batch; each update trains two consecutive batches of the same order
+    one, two = updates[1], updates[2]
+    assert len(one) == 7 and len(two) == 4
+    assert two == [one[0] + one[1], one[2] + one[3], one[4] + one[5], one[6]]
+    assert Checkpoint.load(tmp_path / "2" / "last.pt").step == 4
+
+
+def test_a_run_that_accumulates_resumes_exactly(train, tmp_path):
+    # 7 batches per epoch in updates of 2 (the 4th of one): cut inside epoch 1, resumed across the epoch's end
+    options = ["--dropout", "0.3", "--epochs", "3", "--update-freq", "2"]
+    assert train(tmp_path / "cut", *options, "--max-steps", "3") == 0
+    assert Checkpoint.load(tmp_path / "cut" / "last.pt").training.trainer.batch_in_epoch == 6
+    assert train(tmp_path / "cut", *options, "--max-steps", "6") == 0
+    assert train(tmp_path / "whole", *options, "--max-steps", "6") == 0
+    cut, whole = (Checkpoint.load(tmp_path / run / "last.pt", needs=RESUMING) for run in ("cut", "whole"))
+    assert _same_tensors(cut.weights, whole.weights)
+    assert _same_tensors(cut.training.optimizer, whole.training.optimizer)
+    assert (cut.training.trainer.epoch, cut.training.trainer.batch_in_epoch) == (2, 4)
+
+
+def test_a_memory_budget_reaches_an_effective_batch_by_accumulating(train, tmp_path):
+    budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
+    save_dir = tmp_path / "budget"
+    target = 1_000_000  # more than any batch of the toy corpus: accumulated
+    assert train(save_dir, "--memory-budget", f"{budget}MiB", "--batch-tokens", str(target), "--max-steps", "1") == 0
+    fitted = Checkpoint.load(save_dir / "last.pt").memory_plan["batch_tokens"]
+    freq, tokens = -(-target // fitted), -(-target // -(-target // fitted))
+    assert f"batches of up to {tokens} padded tokens, {freq} accumulated per update" in (save_dir / "train.log"
+                                                                                         ).read_text()
+
+
+def _validated_steps(run) -> list[int]:
+    rows = (run / "valid.tsv").read_text().splitlines()[1:]
+    return [int(row.split("\t")[VALID_COLUMNS.index("step")]) for row in rows]
+
+
+def test_valid_every_validates_between_epoch_ends_with_everything_a_validation_does(train, tmp_path):
+    run = tmp_path / "every"
+    assert train(run, "--valid-every", "3", "--epochs", "2", "--keep-checkpoints", "10") == 0
+    # 7 batches per epoch: every 3 updates, and at each epoch's end
+    assert _validated_steps(run) == [3, 6, 7, 9, 12, 14]
+    assert [c.name for c in numbered_checkpoints(run)] == [f"step-{s:08d}.pt" for s in (3, 6, 7, 9, 12, 14)]
+    training = Checkpoint.load(run / "last.pt", needs=RESUMING).training
+    assert training.scheduler["last_epoch"] == 6  # every validation stepped the LR schedule
+    log = (run / "train.log").read_text()
+    assert "validation in epoch 1, step 3:" in log and "validation after epoch 1, step 7:" in log
+
+
+def test_a_run_that_validates_every_n_updates_resumes_exactly(train, tmp_path):
+    options = ["--dropout", "0.3", "--epochs", "3", "--valid-every", "3", "--lr-patience", "0", "--lr-decay", "0.9"]
+    assert train(tmp_path / "cut", *options, "--max-steps", "4") == 0  # a stop between scheduled validations
+    assert train(tmp_path / "cut", *options, "--max-steps", "11") == 0
+    assert train(tmp_path / "whole", *options, "--max-steps", "11") == 0
+    cut, whole = (Checkpoint.load(tmp_path / run / "last.pt", needs=RESUMING) for run in ("cut", "whole"))
+    assert _same_tensors(cut.weights, whole.weights)
+    assert _same_tensors(cut.training.optimizer, whole.training.optimizer)
+    assert cut.training.scheduler == whole.training.scheduler
+    assert _validated_steps(tmp_path / "cut") == [3, 4, 6, 7, 9, 11]  # the stop's own validation at step 4 besides
+    assert _validated_steps(tmp_path / "whole") == [3, 6, 7, 9, 11]
+    cut, whole = (replace(c.training.trainer, elapsed_s=0.0, train_s=0.0, best_bleu=0.0, best_step=0)
+                  for c in (cut, whole))
+    assert cut == whole
 
 
 def _reversible_model_and_batch(toy):
