@@ -106,3 +106,17 @@ def device_node(folder: Path, name: str) -> str:
     node = folder / name
     os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, {"null": 3, "full": 7}[name]))
     return str(node)
+
+
+def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve of ``--tensorboard`` in ``folder``'s event files, as TensorBoard shows it (the points a
+    resumed run purged left out): (step, value) in order."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={SCALARS: 0})  # 0: every point, none sampled away
+    events.Reload()
+    return {tag: [(point.step, point.value) for point in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def curve_steps(curve: list[tuple[int, float]]) -> list[int]:
+    return [step for step, _ in curve]

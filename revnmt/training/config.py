@@ -101,6 +101,11 @@ class TrainingConfig:
     valid_beam: int = option(1, check=positive, group=RUN, role=CHANGEABLE, help="beam for dev BLEU (1: greedy)")
     test_beam: int = option(5, check=positive, group=RUN, role=CHANGEABLE, help="beam for the test set")
     log_every: int = option(100, check=positive, group=RUN, role=CHANGEABLE, help="steps between log lines")
+    tensorboard: bool = option(False, flag="store_true", group=RUN, role=CHANGEABLE,
+                               help="also write the run's curves for TensorBoard into SAVE_DIR/tensorboard: train "
+                               "loss, perplexity, LR, tokens/s, peak memory and reversal fallbacks every --log-every "
+                               "steps, dev loss, perplexity and BLEU at each validation (needs the tensorboard "
+                               "package: pip install 'revnmt[tensorboard]')")
     save_every: int | None = option(None, type=int, check=positive, group=RUN, role=CHANGEABLE,
                                     help="also save last.pt every N steps")
     keep_checkpoints: int = option(0, check=non_negative, metavar="N", group=RUN, role=CHANGEABLE,

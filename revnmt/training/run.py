@@ -5,8 +5,8 @@ The run locates its data (Multi30K found or downloaded), checks the folders it w
 or starts one, reads or prepares the token ids, seeds the generators, builds the model, plans the memory budget,
 trains (in one process, with Hogwild! workers, or as one torchrun rank) and translates the test set with best.pt.
 The run directory it fills: ``config.json``, the vocabularies, the SentencePiece models, the prepared ids
-(``data/``), the checkpoints, ``train.log``, ``valid.tsv``, ``test.hyp`` and ``test.json``. Failures are
-exceptions, which the command maps to exit statuses.
+(``data/``), the checkpoints, ``train.log``, ``valid.tsv``, ``test.hyp``, ``test.json`` and, with ``--tensorboard``,
+the curves (``tensorboard/``). Failures are exceptions, which the command maps to exit statuses.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from revnmt.model import Seq2Seq, build_model
 from revnmt.translation import Translator, evaluate
 
 from .config import CHANGEABLE_ON_RESUME, RunConfig, TrainingConfig
+from .curves import TENSORBOARD_DIR, Curves, require_tensorboard
 from .distributed import DistributedTrainer, Job
 from .hogwild import HogwildTrainer
 from .interrupts import Interrupted, stop_on_signals
@@ -61,6 +63,8 @@ def run(config: RunConfig, job: Job) -> str:
     """
     save_dir, cfg = Path(config.training.save_dir), config.training
     try:
+        if cfg.tensorboard and job.is_main:  # a missing package is said before any work, not after it
+            require_tensorboard()
         config = replace(config, data=config.data.resolved())  # Multi30K located (or downloaded) once
         fingerprint = config.data.fingerprint()  # read once: compared on resume, then saved in checkpoints
         prepared = Path(config.data.prepared) if config.data.prepared else save_dir / PREPARED_DATA
@@ -114,9 +118,15 @@ def run(config: RunConfig, job: Job) -> str:
         data.src_vocab.save(save_dir / "src.vocab")
         data.tgt_vocab.save(save_dir / "tgt.vocab")
         _save_subword_models(save_dir, data.options)
+    if cfg.tensorboard and job.is_main:  # the process that logs draws the curves
+        try:
+            trainer.curves = Curves(save_dir / TENSORBOARD_DIR, trainer.state.step, PeakMeter(trainer.device).peak)
+        except OSError as error:
+            raise RunError(f"cannot write {save_dir / TENSORBOARD_DIR}: {error.strerror or error}") from error
 
     try:
-        with stop_on_signals(trainer.stop):
+        # The curves are closed however training ends, so that they hold every point up to it.
+        with stop_on_signals(trainer.stop), trainer.curves or nullcontext():
             reason = trainer.train()
     except OSError as error:  # a checkpoint or log that cannot be written: disk full, folder gone
         kept = f"the checkpoint of step {trainer.saved_step} is kept" if trainer.saved_step is not None else \

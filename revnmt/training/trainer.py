@@ -46,8 +46,9 @@ from revnmt.rnn import ReversalError
 from revnmt.translation import Translator, evaluate
 
 from .config import RunConfig, TrainingConfig
+from .curves import Curves
 from .interrupts import Interrupted, Signalled, StopRequest, raise_on_signals
-from .progress import StepReporter, peak_memory
+from .progress import StepReporter, Window, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,8 @@ class Trainer:
         self.device = next(model.parameters()).device
         # With a budget, every step's measured peak is checked against it (and the log shows both).
         self.guard = BudgetGuard(plan, self.device) if plan else None
-        self.reporter = StepReporter(cfg.log_every, logger, self._status_line)
+        self.reporter = StepReporter(cfg.log_every, logger, self._status_line, on_window=self._plot_window)
+        self.curves: Curves | None = None  # --tensorboard's, opened by the run in the process that logs
         self.eval_batch_size = plan.eval_batch_size if plan else cfg.eval_batch_size
         # Each update trains batch ``rank`` of a group of ``world_size`` consecutive batches, one per
         # process (DistributedTrainer); a single process trains every batch.
@@ -423,6 +425,11 @@ class Trainer:
         fallbacks = self.state.reversal_fallbacks
         return self._memory_line() + (f" | {fallbacks} reversal fallbacks" if fallbacks else "")
 
+    def _plot_window(self, window: Window) -> None:
+        """A closed progress window's points on the curves, with the run's reversal fallbacks so far."""
+        if self.curves is not None:
+            self.curves.train(window, self.state.reversal_fallbacks)
+
     def _should_stop(self) -> bool:
         """Whether a signal asked the run to stop (between updates)."""
         return self.stop.requested()
@@ -539,6 +546,8 @@ class Trainer:
                f"{self.elapsed():.0f}")
         with open_for_appending(self.save_dir / VALID_TSV) as f:
             f.write("\t".join(map(str, row)) + "\n")
+        if self.curves is not None:
+            self.curves.dev(state.step, result.loss, result.ppl, result.bleu)
         self._save(best=improved, numbered=True)
 
     def _write_tsv_header(self) -> None:

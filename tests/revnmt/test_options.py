@@ -76,7 +76,7 @@ def test_roles_come_from_the_declarations():
     assert options_with_role(RUN_DEFINING, Toy) == ("steps",)
     assert options_with_role(CHANGEABLE, Toy) == ("kind",)
     assert {"seed", "rnn", "max_forget_bits", "buffer_lanes", "subword", "batch_size"} <= set(RUN_DEFINING_OPTIONS)
-    assert {"lr", "epochs", "patience", "keep_checkpoints", "max_nonfinite"} <= set(CHANGEABLE_ON_RESUME)
+    assert {"lr", "epochs", "patience", "keep_checkpoints", "max_nonfinite", "tensorboard"} <= set(CHANGEABLE_ON_RESUME)
     run_time = set(options_with_role(RUN_TIME, DataConfig, ModelConfig, ExecutionConfig, TrainingConfig))
     assert {"device", "hogwild", "buffer_backend", "train", "prepared"} <= run_time
     assert not run_time & set(RUN_DEFINING_OPTIONS) and not run_time & set(CHANGEABLE_ON_RESUME)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, curve_steps, read_curves
 
 from revnmt.checkpoints import Checkpoint
 from revnmt.cli.train import main
@@ -228,6 +228,21 @@ def test_checkpointed_ordinary_models_train_with_hogwild_workers_and_torchrun_ra
     assert result.returncode == 0, result.stderr
     assert "weights identical on all 2 ranks" in (run / "train.log").read_text()
 
+
+
+def test_hogwild_and_torchrun_runs_draw_their_curves_in_the_process_that_logs(train, toy, tmp_path):
+    assert train(tmp_path / "hogwild", "--hogwild", "2", "--max-steps", "3", "--tensorboard") == 0
+    curves = read_curves(tmp_path / "hogwild" / "tensorboard")  # the main process's: every worker's updates
+    assert curve_steps(curves["train/loss"]) == [2, 3] and curve_steps(curves["dev/bleu"]) == [3]
+    run = tmp_path / "ranks"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(_free_port()), "train.py", "--train", toy["train"], "--valid", toy["valid"],
+               "--save-dir", str(run), *TINY_MODEL, "--batch-size", "32", "--max-steps", "2", "--tensorboard"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert len(list((run / "tensorboard").iterdir())) == 1  # rank 0's event file, no other rank's
+    curves = read_curves(run / "tensorboard")
+    assert curve_steps(curves["train/loss"]) == [2] and curve_steps(curves["dev/bleu"]) == [2]
 
 
 def test_an_epoch_stopped_early_ends_after_the_batches_already_claimed():
