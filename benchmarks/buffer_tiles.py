@@ -6,7 +6,8 @@ T/2 and T, sorted longest first as the bucketing sampler's batches are, and read
 
 - words in use: each tile's stacked words and its live one, over all lanes (what the buffer must hold);
 - allocated: the stack's slots, all tiles sized by the highest, plus the live words (what it does hold);
-- heights: the highest tile's and the mean;
+- heights: the highest tile's and the mean, and the proven bound (every push forgetting 3 bits in every lane),
+  which a stack sized before the sweep, without reading its heights, would have to hold;
 - flag bytes: a bit per push and tile;
 - sizing reads: the host reads of the heights that sized the stack during the sweep.
 
@@ -42,6 +43,7 @@ def measure(cell: str, batch: int, steps: int, lanes: int, tile: int, seed: int 
     return {"cell": cell, "batch": batch, "steps": steps, "lanes": words.lanes, "tile": words.tile_rows,
             "words_in_use": words.words_in_use(), "allocated_words": words.stack.numel() + words.curr.numel(),
             "max_height": max(heights), "mean_height": sum(heights) / len(heights),
+            "proven_height": words.proven_height(words.pushes),
             "flag_bytes": (words.pushes * words.tiles + 7) // 8, "sizing_reads": words.syncs}
 
 
@@ -55,7 +57,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the records to this file")
     args = parser.parse_args()
     records = []
-    print("cell       B    T  lanes  tile  words in use   allocated  max h  mean h  flag bytes  sizing reads")
+    print("cell       B    T  lanes  tile  words in use   allocated  max h  mean h  proven h  flag bytes  sizing reads")
     for cell in args.cells:
         for shape in args.shapes:
             batch, steps = map(int, shape.split("x"))
@@ -64,7 +66,7 @@ def main() -> None:
                     r = measure(cell, batch, steps, lanes, tile)
                     records.append(r)
                     print(f"{cell:8s} {batch:4d} {steps:4d} {r['lanes']:6d} {r['tile']:5d} {r['words_in_use']:13,d} "
-                          f"{r['allocated_words']:11,d} {r['max_height']:6d} {r['mean_height']:7.1f} "
+                          f"{r['allocated_words']:11,d} {r['max_height']:6d} {r['mean_height']:7.1f} {r['proven_height']:9d} "
                           f"{r['flag_bytes']:11,d} {r['sizing_reads']:13d}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n")

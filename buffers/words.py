@@ -154,11 +154,17 @@ class WordStack:
 
     # ------------------------------------------------------------------ capacity
 
+    def proven_height(self, pushes: int) -> int:
+        """The highest a tile's stack can stand after ``pushes`` pushes from empty, by the arithmetic alone (every
+        push forgetting ``limit.bits`` in every lane): what a stack sized before a sweep, without reading its
+        heights, would need."""
+        return math.ceil(pushes / self._overflow_gap)
+
     def reserve(self, pushes: int) -> None:
         """Make sure the next ``pushes`` pushes have stack slots and flags, reading the heights on the
         host only when the proven bound says the highest stack might be full."""
         after = len(self._widths) + pushes
-        bound = self._known_top + math.ceil((after - self._pushes_at_read) / self._overflow_gap)
+        bound = self._known_top + self.proven_height(after - self._pushes_at_read)
         if bound + 1 > self.stack.shape[0]:
             self.syncs += 1
             self.check()
