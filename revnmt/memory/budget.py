@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -314,6 +315,24 @@ class BudgetGuard:
         if peak > plan.budget_bytes:
             self.meter.reset()
         return False
+
+
+class Accumulation(NamedTuple):
+    """How a target batch is reached in batches that fit: ``update_freq`` batches of ``batch_tokens`` per update."""
+
+    update_freq: int
+    batch_tokens: int
+
+
+def accumulation_for(target_tokens: int, fitted_tokens: int) -> Accumulation:
+    """The gradient accumulation (fairseq's ``--update-freq``) that reaches an update of ``target_tokens`` padded
+    tokens with batches of at most ``fitted_tokens`` (what a memory budget fits): the fewest batches that hold the
+    target, and the target spread evenly over them, so that ``update_freq * batch_tokens >= target_tokens`` and
+    ``batch_tokens <= fitted_tokens``."""
+    if target_tokens < 1 or fitted_tokens < 1:
+        raise ValueError(f"token counts must be positive, got target {target_tokens} and fitted {fitted_tokens}")
+    update_freq = -(-target_tokens // fitted_tokens)  # ceilings in integers
+    return Accumulation(update_freq, -(-target_tokens // update_freq))
 
 
 def measure_planned_step(model: Seq2Seq, plan: BudgetPlan, device: torch.device) -> int:
