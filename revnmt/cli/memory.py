@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from revnmt.arguments import (
@@ -147,9 +148,9 @@ def effective_batch_report(model: Seq2Seq, args: argparse.Namespace, data: Train
     """Updates of ``--effective-batch-tokens`` for the reversible model and the twins a user would train instead:
     the gradient accumulation each needs with the batch it fits (``fitted``, by model) as revnmt-train plans it
     (:func:`~revnmt.memory.budget.accumulation_for`), and the measured time of such an update: forward and backward
-    of ``update_freq`` training batches of the planned size, then one optimizer step, as revnmt-train makes it. The
-    models take turns update by update (:func:`~revnmt.profiling.speed.interleaved_seconds`), and each update is on
-    batches of its own. The updates change the weights: this is measured last."""
+    of ``update_freq`` training batches of the planned size (:func:`_fullest_batches`), then one optimizer step, as
+    revnmt-train makes it. The models take turns update by update (:func:`~revnmt.profiling.speed.interleaved_seconds`),
+    and each update is on batches of its own. The updates change the weights: this is measured last."""
     device, target = torch.device(args.device), args.effective_batch_tokens
     # revnmt-train's optimizer and clipping (no run directory: nothing is saved)
     training = TrainingConfig(save_dir="", optimizer=args.optimizer)
@@ -158,15 +159,14 @@ def effective_batch_report(model: Seq2Seq, args: argparse.Namespace, data: Train
     for name in USER_CHOICES:
         net = model if name == "reversible" else build_model(*configs[name]).to(device)
         update_freq, batch_tokens = accumulation_for(target, fitted[name])
-        order = BatchSampler(data.train.lengths, batch_tokens=batch_tokens, seed=args.seed).batches(0)
-        batches = [make_batch(data.train, order[i % len(order)]).to(device)
-                   for i in range((UPDATE_WARMUP + args.timed_updates) * update_freq)]
+        batches = [make_batch(data.train, indices).to(device) for indices in
+                   _fullest_batches(data, batch_tokens, args.seed, (UPDATE_WARMUP + args.timed_updates) * update_freq)]
         groups = [batches[i: i + update_freq] for i in range(0, len(batches), update_freq)]
         updates[name] = _update(net, build_optimizer(training, net.parameters()), training.clip, groups)
         timed = groups[UPDATE_WARMUP:]
         models[name] = {
             "fitted_batch_tokens": fitted[name], "update_freq": update_freq, "batch_tokens": batch_tokens,
-            # what the sampler's batches of at most batch_tokens held, on average per timed update
+            # what the batches of at most batch_tokens held, on average per timed update
             "padded_tokens_per_update": statistics.mean(sum(len(b) * b.length for b in g) for g in timed),
             "target_tokens_per_update": statistics.mean(sum(b.n_tokens for b in g) for g in timed)}
     seconds = interleaved_seconds(updates, args.timed_updates, UPDATE_WARMUP)
@@ -178,6 +178,19 @@ def effective_batch_report(model: Seq2Seq, args: argparse.Namespace, data: Train
                             target_tokens_per_s=models[name]["target_tokens_per_update"] / median)
     return {"tokens": target, "optimizer": args.optimizer, "timed_updates": args.timed_updates,
             "device": str(device), "models": models}
+
+
+def _fullest_batches(data: TrainingData, batch_tokens: int, seed: int, count: int) -> list[np.ndarray]:
+    """``count`` batches of at most ``batch_tokens`` padded tokens, as revnmt-train's sampler forms them from an
+    epoch of the training data, the fullest first, repeated if the epoch has fewer. The sampler cuts a batch where
+    the next pair's length would overflow it, so the last batches of a run of lengths hold fewer tokens (the
+    epoch's longest pairs, a few thousand tokens where 49,152 were planned): an update of them is not one of
+    ``batch_tokens``."""
+    lengths = data.train.lengths
+    epoch = BatchSampler(lengths, batch_tokens=batch_tokens, seed=seed).batches(0)
+    fullest = sorted((epoch[i] for i in range(len(epoch))),
+                     key=lambda indices: -len(indices) * int(lengths[indices].max()))
+    return [fullest[i % len(fullest)] for i in range(count)]
 
 
 def _update(model: Seq2Seq, optimizer: torch.optim.Optimizer, clip: float,
