@@ -66,7 +66,8 @@ def main() -> None:
                     r = measure(cell, batch, steps, lanes, tile)
                     records.append(r)
                     print(f"{cell:8s} {batch:4d} {steps:4d} {r['lanes']:6d} {r['tile']:5d} {r['words_in_use']:13,d} "
-                          f"{r['allocated_words']:11,d} {r['max_height']:6d} {r['mean_height']:7.1f} {r['proven_height']:9d} "
+                          f"{r['allocated_words']:11,d} {r['max_height']:6d} {r['mean_height']:7.1f} "
+                          f"{r['proven_height']:9d} "
                           f"{r['flag_bytes']:11,d} {r['sizing_reads']:13d}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n")

@@ -39,7 +39,7 @@ def measure(cfg: ModelConfig, lengths: list[int], sentences: int) -> list[dict]:
         for name, configs in comparison_configs(cfg, steps).items():
             torch.manual_seed(0)
             if name == "checkpointed":  # measured already, as the best candidate
-                saved, held, _ = candidates[str(steps)]
+                saved, held, _ = candidates[str(steps)].per_token()
             else:
                 saved, held, _ = per_token_memory(build_model(*configs), batch)
             row["saved_bytes_per_token"][name], row["held_bytes_per_token"][name] = saved, held

@@ -1,14 +1,15 @@
 """Plots of the committed Multi30K results, for the documentation.
 
-    python benchmarks/plots.py [--results benchmarks/results/multi30k] [--out docs/img]
+    python benchmarks/plots.py [--results benchmarks/results/multi30k] [--budget-report FILE] [--out docs/img]
 
 Reads ``results.json`` (written by ``benchmarks/multi30k.py --results DIR``) and each run's ``memory.json``
-in DIR, and writes two PNGs to the output folder:
+in DIR, and a ``revnmt-memory --json`` report made with a memory budget, and writes three PNGs to the output folder:
 
 - ``bleu-per-epoch.png``: dev BLEU (sacreBLEU, greedy decoding) after every epoch of the four core models;
 - ``memory-per-token.png``: bytes autograd saves per target token (peak of a training step, level 2 of the
   memory levels in docs/memory.md) for every reversible model measured, beside the ordinary model of the
-  same size that the same report measured.
+  same size that the same report measured;
+- ``memory-budget.png``: the budget report as ``revnmt-memory --plot`` draws it (``revnmt.memory.plot``).
 
 Nothing is trained or measured: the figures are those of the result files.
 """
@@ -27,10 +28,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from revnmt.memory.plot import CELL_NAMES, DPI, model_label, plot_report  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "multi30k"
+DEFAULT_BUDGET_REPORT = ROOT / "benchmarks" / "results" / "budget" / "multi30k-revgru-accumulation-cpu.json"
 DEFAULT_OUT = ROOT / "docs" / "img"
-DPI = 100
 
 #: The four core models of benchmarks/multi30k.py, in the order they are drawn, with their line styles.
 CORE = {
@@ -39,13 +42,6 @@ CORE = {
     "revlstm-emb+slice-3bit": ("tab:orange", "-"),
     "lstm-hidden": ("tab:orange", "--"),
 }
-CELL_NAMES = {"revgru": "RevGRU", "gru": "GRU", "revlstm": "RevLSTM", "lstm": "LSTM"}
-
-
-def model_label(rnn: str, attention: str, bits: str | int | None) -> str:
-    """'RevGRU, emb+slice, 3 bits' or 'GRU, hidden'."""
-    label = f"{CELL_NAMES.get(rnn, rnn)}, {attention}"
-    return f"{label}, {bits} bits" if bits not in ("", None) else label
 
 
 def load_results(results_dir: Path) -> dict:
@@ -128,10 +124,20 @@ def plot_memory_per_token(reports: list[tuple[str, dict]], out: Path) -> Path:
     return path
 
 
+def plot_memory_budget(report: dict, out: Path) -> Path:
+    """A ``revnmt-memory`` report with a budget, drawn as ``revnmt-memory --plot`` draws it."""
+    path = out / "memory-budget.png"
+    plot_report(report, path)
+    return path
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
                         help="benchmarks/multi30k.py results folder (default: benchmarks/results/multi30k)")
+    parser.add_argument("--budget-report", type=Path, default=DEFAULT_BUDGET_REPORT,
+                        help="revnmt-memory --json report with --memory-budget (default: "
+                        f"{DEFAULT_BUDGET_REPORT.relative_to(ROOT)})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the PNGs go (default: docs/img)")
     return parser.parse_args(argv)
 
@@ -141,8 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         results = load_results(args.results)
         reports = load_memory_reports(results, args.results)
+        budget_report = json.loads(args.budget_report.read_text())
         args.out.mkdir(parents=True, exist_ok=True)
-        for path in (plot_bleu_per_epoch(results, args.out), plot_memory_per_token(reports, args.out)):
+        for path in (plot_bleu_per_epoch(results, args.out), plot_memory_per_token(reports, args.out),
+                     plot_memory_budget(budget_report, args.out)):
             print(path)
     except (OSError, ValueError, KeyError) as error:
         print(f"benchmarks/plots.py: error: {error}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """revnmt-memory: how much activation memory a model saves, on real batches.
 
     revnmt-memory [revnmt-train's data and model options] [--checkpoint RUN] [--batches N] [--json FILE]
+                  [--memory-budget SIZE [--effective-batch-tokens N]] [--plot FILE.png]
 
 With ``--checkpoint`` the trained model's gates (and its vocabularies and options) are used:
 forgetting depends on the learned gates, so that is the figure to report.
@@ -11,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from revnmt.arguments import (
@@ -29,17 +32,26 @@ from revnmt.arguments import (
 )
 from revnmt.atomic import check_output, write_output_text
 from revnmt.checkpoints import Checkpoint, resolve_checkpoint
-from revnmt.data import BatchSampler, DataConfig, TrainingData, load_data, make_batch
+from revnmt.data import Batch, BatchSampler, DataConfig, TrainingData, load_data, make_batch
 from revnmt.data.fingerprint import fingerprinted_prefixes
-from revnmt.memory.budget import OPTIMIZER_STATES, BudgetError, measure_planned_step, plan_budget
+from revnmt.memory.budget import (
+    OPTIMIZER_STATES,
+    BudgetError,
+    accumulation_for,
+    measure_planned_step,
+    plan_budget,
+)
 from revnmt.memory.peak import track_freed_memory
-from revnmt.memory.report import LABELS, comparison_configs, format_report, memory_report
+from revnmt.memory.plot import INSTALL, plot_report, require_matplotlib
+from revnmt.memory.report import LABELS, USER_CHOICES, comparison_configs, format_report, memory_report
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model
-from revnmt.profiling.speed import tokens_per_second
+from revnmt.profiling.speed import interleaved_seconds, tokens_per_second
 from revnmt.training import RunConfig
-from revnmt.training.config import byte_size
+from revnmt.training.config import TrainingConfig, byte_size
 from revnmt.training.interrupts import exit_on_signals
+from revnmt.training.schedule import build_optimizer
+from revnmt.training.trainer import clip_and_step, compute_gradients
 
 PROG = "revnmt-memory"
 logger = logging.getLogger("revnmt.memory")
@@ -62,10 +74,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "each model fits under this budget of peak memory (e.g. 2GiB; the process's RSS on CPU, "
                         "the allocator's reserved memory on CUDA), as revnmt-train --memory-budget chooses it")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default="adam",
-                        help="optimizer state counted by --memory-budget (default: adam)")
+                        help="optimizer state counted by --memory-budget, and stepped by --effective-batch-tokens "
+                        "(default: adam)")
+    parser.add_argument("--effective-batch-tokens", type=int, metavar="N", help="with --memory-budget: for the "
+                        "reversible model, its ordinary twin and the checkpointed twin, the batches of gradient "
+                        "accumulation each needs for updates of N padded tokens with the batch it fits (as "
+                        "revnmt-train --update-freq plans them), and the measured time of such an update, side by "
+                        "side on training batches")
+    parser.add_argument("--timed-updates", type=int, default=3, metavar="N", help="updates of "
+                        "--effective-batch-tokens timed per model, after one not timed; the median is reported "
+                        "(default: 3)")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw the report as a PNG: bytes per "
+                        "target token against the batches' length, and with --memory-budget the tokens per batch "
+                        f"each model fits (needs matplotlib: {INSTALL})")
     args = parser.parse_args(argv)
-    if args.batches < 1 or args.batch_size < 1:
-        parser.error("--batches and --batch-size must be positive")
+    if args.batches < 1 or args.batch_size < 1 or args.timed_updates < 1:
+        parser.error("--batches, --batch-size and --timed-updates must be positive")
+    if args.effective_batch_tokens is not None:
+        if args.memory_budget is None:
+            parser.error("--effective-batch-tokens needs --memory-budget: the accumulation depends on the batch "
+                         "each model fits under it")
+        if args.effective_batch_tokens < 1:
+            parser.error("--effective-batch-tokens must be positive")
     check_device(parser, args.device)
     args.corpus_given = any(value is not None for value in (args.data, args.data_dir, args.train, args.valid))
     args.data_config = data_config(parser, args)
@@ -110,6 +140,86 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData, 
     return report
 
 
+UPDATE_WARMUP = 1  # updates of each model not timed
+
+
+def effective_batch_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData,
+                           checkpoint_steps: int | str, fitted: dict[str, int]) -> dict:
+    """Updates of ``--effective-batch-tokens`` for the reversible model and the twins a user would train instead:
+    the gradient accumulation each needs with the batch it fits (``fitted``, by model) as revnmt-train plans it
+    (:func:`~revnmt.memory.budget.accumulation_for`), and the measured time of such an update: forward and backward
+    of ``update_freq`` training batches of the planned size (:func:`_fullest_batches`), then one optimizer step, as
+    revnmt-train makes it. The models take turns update by update (:func:`~revnmt.profiling.speed.interleaved_seconds`),
+    and each update is on batches of its own. The updates change the weights: this is measured last."""
+    device, target = torch.device(args.device), args.effective_batch_tokens
+    # revnmt-train's optimizer and clipping (no run directory: nothing is saved)
+    training = TrainingConfig(save_dir="", optimizer=args.optimizer)
+    configs = comparison_configs(model.cfg, checkpoint_steps)
+    models, updates = {}, {}
+    for name in USER_CHOICES:
+        net = model if name == "reversible" else build_model(*configs[name]).to(device)
+        update_freq, batch_tokens = accumulation_for(target, fitted[name])
+        batches = [make_batch(data.train, indices).to(device) for indices in
+                   _fullest_batches(data, batch_tokens, args.seed, (UPDATE_WARMUP + args.timed_updates) * update_freq)]
+        groups = [batches[i: i + update_freq] for i in range(0, len(batches), update_freq)]
+        updates[name] = _update(net, build_optimizer(training, net.parameters()), training.clip, groups)
+        timed = groups[UPDATE_WARMUP:]
+        models[name] = {
+            "fitted_batch_tokens": fitted[name], "update_freq": update_freq, "batch_tokens": batch_tokens,
+            # what the batches of at most batch_tokens held, on average per timed update
+            "padded_tokens_per_update": statistics.mean(sum(len(b) * b.length for b in g) for g in timed),
+            "target_tokens_per_update": statistics.mean(sum(b.n_tokens for b in g) for g in timed)}
+    seconds = interleaved_seconds(updates, args.timed_updates, UPDATE_WARMUP)
+    for name, spent in seconds.items():
+        median = statistics.median(spent)
+        # at equal updates (N / s), and what was trained (as revnmt-train logs it), which the first overstates
+        # where the sampler's batches hold fewer padded tokens than planned
+        models[name].update(seconds=spent, seconds_per_update=median, tokens_per_s=target / median,
+                            target_tokens_per_s=models[name]["target_tokens_per_update"] / median)
+    return {"tokens": target, "optimizer": args.optimizer, "timed_updates": args.timed_updates,
+            "device": str(device), "models": models}
+
+
+def _fullest_batches(data: TrainingData, batch_tokens: int, seed: int, count: int) -> list[np.ndarray]:
+    """``count`` batches of at most ``batch_tokens`` padded tokens, as revnmt-train's sampler forms them from an
+    epoch of the training data, the fullest first, repeated if the epoch has fewer. The sampler cuts a batch where
+    the next pair's length would overflow it, so the last batches of a run of lengths hold fewer tokens (the
+    epoch's longest pairs, a few thousand tokens where 49,152 were planned): an update of them is not one of
+    ``batch_tokens``."""
+    lengths = data.train.lengths
+    epoch = BatchSampler(lengths, batch_tokens=batch_tokens, seed=seed).batches(0)
+    fullest = sorted((epoch[i] for i in range(len(epoch))),
+                     key=lambda indices: -len(indices) * int(lengths[indices].max()))
+    return [fullest[i % len(fullest)] for i in range(count)]
+
+
+def _update(model: Seq2Seq, optimizer: torch.optim.Optimizer, clip: float,
+            groups: list[list[Batch]]) -> Callable[[int], None]:
+    """An update of ``model`` on the ``i``-th group of batches, its gradients accumulated over the group."""
+    model.train()
+
+    def update(i: int) -> None:
+        clip_and_step(optimizer, clip, compute_gradients(model, groups[i]).loss)
+        if groups[i][0].src.device.type == "cuda":
+            torch.cuda.synchronize()  # the step's kernels are done
+    return update
+
+
+def format_effective_batch(report: dict) -> str:
+    """A plain-text table of :func:`effective_batch_report`."""
+    lines = [f"updates of N = {report['tokens']:,} padded tokens by gradient accumulation ({report['optimizer']}; "
+             f"median of {report['timed_updates']}, timed side by side on {report['device']}):",
+             f"  {'':40s} {'fits':>8s} {'update-freq':>11s} {'batch':>8s} {'padded':>8s} {'s/update':>8s} "
+             f"{'N/s':>8s} {'target/s':>8s}"]
+    for name in USER_CHOICES:
+        row = report["models"][name]
+        lines.append(f"  {LABELS[name]:40s} {row['fitted_batch_tokens']:8,d} {row['update_freq']:11d} "
+                     f"{row['batch_tokens']:8,d} {row['padded_tokens_per_update']:8,.0f} "
+                     f"{row['seconds_per_update']:8.2f} {row['tokens_per_s']:8,.0f} {row['target_tokens_per_s']:8,.0f}")
+    lines.append("  (fits, batch: padded tokens per batch under the budget and as used; padded: padded tokens the "
+                 "timed updates held, on average; N/s: N / s per update; target/s: target tokens trained per second)")
+    return "\n".join(lines)
+
 
 def _prepared(config: DataConfig) -> Path | None:
     """The folder of prepared ids to read if it serves; revnmt-memory never writes one."""
@@ -146,8 +256,11 @@ def _measure(args: argparse.Namespace) -> int:
     """Measure and report as ``args`` say; the exit status."""
     torch.manual_seed(args.seed)
     try:
-        if args.json is not None:
-            check_output(args.json)  # before minutes of measuring
+        for output in (args.json, args.plot):
+            if output is not None:
+                check_output(output)  # before minutes of measuring
+        if args.plot is not None:
+            require_matplotlib()
         if args.checkpoint is None:
             data = load_data(args.data_config, prepared=_prepared(args.data_config), write=False)
             model = build_model(model_config(args, len(data.src_vocab), len(data.tgt_vocab)), args.execution)
@@ -161,6 +274,9 @@ def _measure(args: argparse.Namespace) -> int:
             # How the model computes is not part of what it learned: this command's --buffer-lanes,
             # --buffer-backend and --decoder-chunk-steps apply.
             model = checkpoint.trained_model(args.execution)
+    except ImportError:
+        print(f"{PROG}: error: --plot needs matplotlib: {INSTALL}", file=sys.stderr)
+        return 2
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
@@ -173,7 +289,7 @@ def _measure(args: argparse.Namespace) -> int:
     logger.info("measuring %s %s attention on %d batches of %d sentences (%s)", model.cfg.rnn,
                 model.cfg.attention, len(batches), args.batch_size, args.device)
     report = memory_report(model.to(args.device), batches)
-    report["config"] = model.cfg.to_dict()
+    report["config"], report["batch_size"] = model.cfg.to_dict(), args.batch_size
     print(format_report(report))
     if len(batches) > SPEED_WARMUP:
         report["tokens_per_s"] = _speed(model, report["checkpoint_steps"], batches)
@@ -192,11 +308,18 @@ def _measure(args: argparse.Namespace) -> int:
         for name, label in LABELS.items():
             print(f"  {label:48s} {fits[name]:>10,} tokens (reversible / this: "
                   f"{fits['reversible'] / fits[name]:.1f}x), peak {format_bytes(peaks[name])}")
-    if args.json:
+    if args.effective_batch_tokens is not None:
+        report["effective_batch"] = effective_batch_report(model, args, data, report["checkpoint_steps"],
+                                                           report["budget"]["batch_tokens"])
+        print(format_effective_batch(report["effective_batch"]))
+    for output, write in ((args.json, lambda path: write_output_text(path, json.dumps(report, indent=2) + "\n")),
+                          (args.plot, lambda path: plot_report(report, path))):
+        if output is None:
+            continue
         try:
-            write_output_text(args.json, json.dumps(report, indent=2) + "\n")
+            write(output)
         except OSError as error:
-            print(f"{PROG}: error: cannot write {args.json}: {error.strerror or error}", file=sys.stderr)
+            print(f"{PROG}: error: cannot write {output}: {error.strerror or error}", file=sys.stderr)
             return 2
     return 0
 

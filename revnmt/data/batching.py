@@ -183,6 +183,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def length(self) -> int:
+        """The longest pair's length as :class:`BatchSampler` counts it (the longer side, the target with its
+        EOS): every row is padded to it, and the batch's cost there is ``len(batch) * length`` tokens."""
+        return max(self.src.shape[1], self.tgt_out.shape[1])
+
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor on ``device``."""
         return replace(

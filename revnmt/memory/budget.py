@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -95,14 +96,6 @@ class BudgetPlan:
         return (f"memory budget {format_bytes(self.budget_bytes)} of peak {self.measured_by}: batches of up to "
                 f"{self.batch_tokens} tokens{parts}, pairs up to {self.max_length} tokens; held between steps "
                 f"{format_bytes(self.base_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}")
-
-
-def accumulation_for(target_tokens: int, fitted_tokens: int) -> tuple[int, int]:
-    """How an effective batch of ``target_tokens`` is reached with batches of at most ``fitted_tokens`` (what fits a
-    memory budget): the fewest batches that together reach it, accumulated into one update, and the batch size that
-    spreads the target evenly over them; as ``(update_freq, batch_tokens)``."""
-    update_freq = -(-target_tokens // fitted_tokens)  # ceil: at least the target
-    return update_freq, -(-target_tokens // update_freq)
 
 
 def optimizer_bytes(model: Seq2Seq, optimizer: str) -> int:
@@ -322,6 +315,24 @@ class BudgetGuard:
         if peak > plan.budget_bytes:
             self.meter.reset()
         return False
+
+
+class Accumulation(NamedTuple):
+    """How a target batch is reached in batches that fit: ``update_freq`` batches of ``batch_tokens`` per update."""
+
+    update_freq: int
+    batch_tokens: int
+
+
+def accumulation_for(target_tokens: int, fitted_tokens: int) -> Accumulation:
+    """The gradient accumulation (fairseq's ``--update-freq``) that reaches an update of ``target_tokens`` padded
+    tokens with batches of at most ``fitted_tokens`` (what a memory budget fits): the fewest batches that hold the
+    target, and the target spread evenly over them, so that ``update_freq * batch_tokens >= target_tokens`` and
+    ``batch_tokens <= fitted_tokens``."""
+    if target_tokens < 1 or fitted_tokens < 1:
+        raise ValueError(f"token counts must be positive, got target {target_tokens} and fitted {fitted_tokens}")
+    update_freq = -(-target_tokens // fitted_tokens)  # ceilings in integers
+    return Accumulation(update_freq, -(-target_tokens // update_freq))
 
 
 def measure_planned_step(model: Seq2Seq, plan: BudgetPlan, device: torch.device) -> int:

@@ -15,7 +15,8 @@
 Next to level 2, never added to it, the report gives the bytes per target token that each step
 holds outside autograd by its own account (``StepResult.held_bytes``: buffers, stored slices, the
 gradients of detached leaves, working sets). It is a tally, not a measurement, and its peak and
-autograd's need not fall at the same moment of the step.
+autograd's need not fall at the same moment of the step. Both are also given for the batches of each
+length apart (``by_length``), a batch's length being its longest pair's.
 """
 
 from __future__ import annotations
@@ -122,29 +123,46 @@ def comparison_configs(cfg: ModelConfig, checkpoint_steps: int | str) -> dict[st
             "checkpointed": (same_attention, ExecutionConfig(checkpoint_steps=checkpoint_steps))}
 
 
+@dataclass(frozen=True)
+class MeasuredSteps:
+    """One training step's memory on each of some batches, with each batch's length (``Batch.length``: its longest
+    pair's, as the batch sampler and the budget count it) and target tokens."""
+
+    steps: tuple[StepMemory, ...]
+    lengths: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+    def per_token(self, length: int | None = None) -> tuple[float, float, int | None]:
+        """(saved bytes, held bytes) per target token over the batches (those of this ``length`` if given), and
+        the CUDA allocator's peak."""
+        kept = [i for i, n in enumerate(self.lengths) if length in (None, n)]
+        tokens = sum(self.tokens[i] for i in kept)
+        peaks = [self.steps[i].cuda_peak for i in kept if self.steps[i].cuda_peak is not None]
+        return (sum(self.steps[i].saved_bytes for i in kept) / tokens,
+                sum(self.steps[i].held_bytes for i in kept) / tokens, max(peaks) if peaks else None)
+
+
+def measured_steps(model: Seq2Seq, batches: list[Batch]) -> MeasuredSteps:
+    """The memory of one training step on each of ``batches``."""
+    return MeasuredSteps(tuple(step_memory(model, batch) for batch in batches),
+                         tuple(batch.length for batch in batches),
+                         tuple(batch.n_tokens for batch in batches))
+
+
 def per_token_memory(model: Seq2Seq, batches: list[Batch]) -> tuple[float, float, int | None]:
     """(saved bytes, held bytes) per target token over ``batches``, and the CUDA allocator's peak."""
-    saved = held = 0
-    peak = None
-    for batch in batches:
-        step = step_memory(model, batch)
-        saved, held = saved + step.saved_bytes, held + step.held_bytes
-        if step.cuda_peak is not None:
-            peak = max(peak or 0, step.cuda_peak)
-    tokens = sum(b.n_tokens for b in batches)
-    return saved / tokens, held / tokens, peak
+    return measured_steps(model, batches).per_token()
 
 
-def best_checkpoint_steps(cfg: ModelConfig,
-                          batches: list[Batch]) -> tuple[int | str, dict[str, tuple[float, float, int | None]]]:
+def best_checkpoint_steps(cfg: ModelConfig, batches: list[Batch]) -> tuple[int | str, dict[str, MeasuredSteps]]:
     """The segment length among :data:`CHECKPOINT_CANDIDATES` whose checkpointed step keeps the fewest
     bytes per target token for backward (saved by autograd plus held by the checkpoints), and every
-    candidate's :func:`per_token_memory`, by ``str(steps)``."""
+    candidate's :func:`measured_steps`, by ``str(steps)``."""
     measured = {}
     for steps in CHECKPOINT_CANDIDATES:
         model = build_model(*comparison_configs(cfg, steps)["checkpointed"]).to(batches[0].src.device)
-        measured[str(steps)] = per_token_memory(model, batches)
-    best = min(measured, key=lambda k: measured[k][0] + measured[k][1])
+        measured[str(steps)] = measured_steps(model, batches)
+    best = min(measured, key=lambda k: sum(measured[k].per_token()[:2]))
     return (best if best == "auto" else int(best)), measured
 
 
@@ -153,21 +171,40 @@ def memory_report(model: Seq2Seq, batches: list[Batch]) -> dict:
     sides = analytic_bits(model, batches)
     device = batches[0].src.device
     steps, candidates = best_checkpoint_steps(model.cfg, batches)
-    saved, held, peaks = {}, {}, {}
+    measured = {}
     for name, configs in comparison_configs(model.cfg, steps).items():
         if name == "checkpointed":  # measured already, as the best candidate
-            saved[name], held[name], peaks[name] = candidates[str(steps)]
-            continue
-        m = model if name == "reversible" else build_model(*configs).to(device)
-        saved[name], held[name], peaks[name] = per_token_memory(m, batches)
+            measured[name] = candidates[str(steps)]
+        else:
+            measured[name] = measured_steps(model if name == "reversible" else build_model(*configs).to(device),
+                                            batches)
+    figures = {name: m.per_token() for name, m in measured.items()}
     cuda = device.type == "cuda"
     return {"encoder": sides["encoder"].as_dict(), "decoder": sides["decoder"].as_dict(),
-            "model": {"saved_bytes_per_token": saved, "held_bytes_per_token": held,
-                      "peak_bytes": peaks if cuda else None},
+            "model": {"saved_bytes_per_token": {name: saved for name, (saved, _, _) in figures.items()},
+                      "held_bytes_per_token": {name: held for name, (_, held, _) in figures.items()},
+                      "peak_bytes": {name: peak for name, (_, _, peak) in figures.items()} if cuda else None},
+            "by_length": _by_length(measured),
             "checkpoint_steps": steps,
-            "checkpoint_candidates": {k: kept[0] + kept[1] for k, kept in candidates.items()},
+            "checkpoint_candidates": {k: sum(kept.per_token()[:2]) for k, kept in candidates.items()},
             "batches": len(batches), "target_tokens": sum(b.n_tokens for b in batches)}
 
+
+def _by_length(measured: dict[str, MeasuredSteps]) -> dict:
+    """Each model's bytes per target token on the batches of each length apart, by increasing length."""
+    batches = next(iter(measured.values()))  # every model measured the same batches
+    lengths = sorted(set(batches.lengths))
+    figures = {name: [m.per_token(n) for n in lengths] for name, m in measured.items()}
+    return {"length": lengths, "batches": [batches.lengths.count(n) for n in lengths],
+            "target_tokens": [sum(t for m, t in zip(batches.lengths, batches.tokens) if m == n) for n in lengths],
+            "saved_bytes_per_token": {name: [saved for saved, _, _ in rows] for name, rows in figures.items()},
+            "held_bytes_per_token": {name: [held for _, held, _ in rows] for name, rows in figures.items()}}
+
+
+#: The models a user short of memory chooses between: the reversible model, its ordinary twin (which reaches a larger
+#: batch by gradient accumulation) and the checkpointed twin. The fourth compared model, the ordinary one with the
+#: reversible model's attention, only separates what the attention saves from what reversal saves.
+USER_CHOICES = ("reversible", "ordinary", "checkpointed")
 
 #: How the report names each compared model.
 LABELS = {"reversible": "reversible", "ordinary": "ordinary, hidden attention",

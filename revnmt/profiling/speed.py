@@ -8,22 +8,30 @@ from collections.abc import Callable, Sequence
 from revnmt.data import Batch
 
 
+def interleaved_seconds(calls: dict[str, Callable[[int], None]], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """The seconds of each named call in each of ``rounds`` timed rounds, after ``warmup`` untimed ones.
+
+    Round ``i`` calls every ``call(i)`` in turn, so that a slow phase of a shared machine weighs on all of
+    them alike; the warm-up rounds (allocator, caches, compilation) are numbered first. A call must return
+    only once its work is done (on CUDA: synchronize, or read a result).
+    """
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    for i in range(warmup + rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call(i)
+            if i >= warmup:
+                seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
 def tokens_per_second(steps: dict[str, Callable[[Batch], None]], batches: Sequence[Batch],
                       warmup: int = 2) -> dict[str, float]:
-    """Target tokens per second of each named training step on ``batches``.
-
-    The steps take turns batch by batch, so that a slow phase of a shared machine weighs on all of
-    them alike; the first ``warmup`` batches (allocator, caches, compilation) are not timed. A step
-    must return only once its work is done (on CUDA: synchronize, or read a result).
-    """
+    """Target tokens per second of each named training step on ``batches``, taking turns batch by batch
+    (:func:`interleaved_seconds`); the first ``warmup`` batches are not timed."""
     if len(batches) <= warmup:
         raise ValueError(f"need more than {warmup} batches to time after the warm-up, got {len(batches)}")
-    seconds = dict.fromkeys(steps, 0.0)
-    for i, batch in enumerate(batches):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step(batch)
-            if i >= warmup:
-                seconds[name] += time.perf_counter() - start
+    seconds = interleaved_seconds({name: lambda i, step=step: step(batches[i]) for name, step in steps.items()},
+                                  len(batches) - warmup, warmup)
     tokens = sum(batch.n_tokens for batch in batches[warmup:])
-    return {name: tokens / spent for name, spent in seconds.items()}
+    return {name: tokens / sum(spent) for name, spent in seconds.items()}

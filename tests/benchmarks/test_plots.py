@@ -1,4 +1,4 @@
-"""benchmarks/plots.py on the committed Multi30K results: both PNGs are written."""
+"""benchmarks/plots.py on the committed Multi30K and budget results: every PNG is written."""
 
 import subprocess
 import sys
@@ -19,7 +19,7 @@ def test_plots_of_the_committed_results(tmp_path):
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
-    for name in ("bleu-per-epoch.png", "memory-per-token.png"):
+    for name in ("bleu-per-epoch.png", "memory-per-token.png", "memory-budget.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 1000, name
 

@@ -73,20 +73,6 @@ def test_the_fitted_cost_predicts_an_unseen_batch(rnn, attention):
     assert cost(5, 17) == pytest.approx(measured, rel=0.25)
 
 
-@pytest.mark.parametrize(("target", "fitted", "expected"), [
-    (4096, 5000, (1, 4096)),  # it fits: one batch of the target
-    (4096, 4096, (1, 4096)),
-    (4097, 4096, (2, 2049)),  # two batches, the target spread evenly over them
-    (10_000, 3000, (4, 2500)),
-    (25_000, 1, (25_000, 1)),
-])
-def test_an_effective_batch_is_reached_with_the_fewest_batches_that_fit(target, fitted, expected):
-    update_freq, batch_tokens = accumulation_for(target, fitted)
-    assert (update_freq, batch_tokens) == expected
-    assert batch_tokens <= fitted and update_freq * batch_tokens >= target  # fits, and reaches the target
-    assert update_freq == 1 or (update_freq - 1) * fitted < target  # and no fewer batches would
-
-
 def test_the_worst_batches_the_sampler_can_form_stay_within_the_budget():
     model = _model()
     budget = _budget_above_base(model, 64 * MiB)
@@ -176,3 +162,29 @@ def test_cuda_reserved_peak_of_the_planned_batch_stays_under_the_budget():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     assert meter.peak() <= budget
+
+
+@pytest.mark.parametrize("target, fitted, expected", [
+    (4096, 10_000, (1, 4096)),  # the batch that fits holds the whole update
+    (4096, 4096, (1, 4096)),
+    (4097, 4096, (2, 2049)),  # one token over: two batches, the target spread evenly
+    (4096, 1000, (5, 820)),
+    (1, 1, (1, 1)),
+])
+def test_accumulation_reaches_the_target_with_the_fewest_batches_that_fit(target, fitted, expected):
+    assert accumulation_for(target, fitted) == expected
+
+
+def test_accumulation_never_falls_short_of_the_target_nor_exceeds_what_fits():
+    for target in range(1, 300):
+        for fitted in range(1, 120):
+            update_freq, batch_tokens = accumulation_for(target, fitted)
+            assert update_freq * batch_tokens >= target and batch_tokens <= fitted
+            assert (update_freq - 1) * fitted < target  # no fewer batches would do
+
+
+def test_accumulation_needs_positive_token_counts():
+    with pytest.raises(ValueError, match="positive"):
+        accumulation_for(0, 100)
+    with pytest.raises(ValueError, match="positive"):
+        accumulation_for(100, 0)

@@ -10,6 +10,7 @@ from revnmt.memory.report import (
     analytic_bits,
     comparison_configs,
     format_report,
+    measured_steps,
     memory_report,
     ordinary_counterpart,
 )
@@ -79,3 +80,20 @@ def test_ordinary_models_have_no_analytic_bits():
     cfg = ModelConfig(rnn="gru", emb_dim=16, hidden_size=20, attention="hidden", src_vocab=40, tgt_vocab=40)
     with pytest.raises(ValueError, match="reversible"):
         analytic_bits(build_model(cfg), [_batch()])
+
+
+def test_each_length_is_reported_apart_and_they_add_up_to_the_whole():
+    torch.manual_seed(0)
+    cfg = ModelConfig(rnn="revgru", emb_dim=16, hidden_size=20, attention="emb", src_vocab=40, tgt_vocab=40)
+    batches = [_batch(src_len=12, tgt_len=8), _batch(src_len=5, tgt_len=6, seed=1), _batch(src_len=12, tgt_len=10)]
+    assert [batch.length for batch in batches] == [12, 6, 12]  # the longer side, the target with its EOS
+    report = memory_report(build_model(cfg), batches)
+    rows = report["by_length"]
+    assert rows["length"] == [6, 12] and rows["batches"] == [1, 2]
+    assert sum(rows["target_tokens"]) == report["target_tokens"]
+    for figure in ("saved_bytes_per_token", "held_bytes_per_token"):
+        for name in LABELS:  # the lengths' figures, weighted by their tokens, are the whole's
+            whole = sum(f * t for f, t in zip(rows[figure][name], rows["target_tokens"])) / report["target_tokens"]
+            assert whole == pytest.approx(report["model"][figure][name])
+    measured = measured_steps(build_model(cfg), batches)
+    assert measured.lengths == (12, 6, 12) and measured.tokens == tuple(b.n_tokens for b in batches)
