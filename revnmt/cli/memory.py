@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from revnmt.data.fingerprint import fingerprinted_prefixes
 from revnmt.memory.budget import (
     OPTIMIZER_STATES,
     BudgetError,
+    BudgetPlan,
     accumulation_for,
     measure_planned_step,
     plan_budget,
@@ -45,7 +48,7 @@ from revnmt.memory.peak import track_freed_memory
 from revnmt.memory.plot import INSTALL, plot_report, require_matplotlib
 from revnmt.memory.report import LABELS, USER_CHOICES, comparison_configs, format_report, memory_report
 from revnmt.memory.sizes import format_bytes
-from revnmt.model import ReversibleSeq2Seq, Seq2Seq, build_model
+from revnmt.model import ExecutionConfig, ModelConfig, ReversibleSeq2Seq, Seq2Seq, build_model
 from revnmt.profiling.speed import interleaved_seconds, tokens_per_second
 from revnmt.training import RunConfig
 from revnmt.training.config import TrainingConfig, byte_size
@@ -125,19 +128,39 @@ def _speed(model: Seq2Seq, checkpoint_steps: int | str, batches: list) -> dict[s
 
 def budget_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData, checkpoint_steps: int | str) -> dict:
     """The token batch the model and each model it is compared with fit under ``--memory-budget``, as
-    revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan."""
-    device = torch.device(args.device)
+    revnmt-train plans it, and the measured peak of one step on the costliest batch of each plan.
+
+    Each model is planned in a process of its own that holds that model alone, as revnmt-train's process does: the
+    budget bounds a process's peak, and this one holds the report's models, batches and measurements, which would
+    shrink every plan (at small budgets, by most of the room)."""
     report: dict = {"bytes": args.memory_budget, "batch_tokens": {}, "costliest_batch": {}, "measured_peak": {}}
+    mapped = data.train.mapped_bytes() + data.valid.mapped_bytes()
     for name, configs in comparison_configs(model.cfg, checkpoint_steps).items():
-        candidate = model if name == "reversible" else build_model(*configs).to(device)
-        plan = plan_budget(candidate, args.memory_budget, args.optimizer, data.train.lengths, device,
-                           mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes())
+        weights = None
+        if name == "reversible":  # as this command runs it, trained gates included; the twins' weights are their own
+            configs, weights = (model.cfg, model.execution), model.state_dict()
+        # spawn: a fresh interpreter, not a fork of this process's heap
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            plan, peak = pool.submit(_plan_alone, configs, weights, args.memory_budget, args.optimizer,
+                                     data.train.lengths, args.device, mapped, args.seed).result()
         report["batch_tokens"][name] = plan.batch_tokens
         report["costliest_batch"][name] = {"sentences": plan.worst_batch[0], "length": plan.worst_batch[1]}
-        report["measured_peak"][name] = measure_planned_step(candidate, plan, device)
+        report["measured_peak"][name] = peak
         report["measured_by"] = f"peak {plan.measured_by}"
-        del candidate
     return report
+
+
+def _plan_alone(configs: tuple[ModelConfig, ExecutionConfig], weights: dict[str, torch.Tensor] | None, budget: int,
+                optimizer: str, lengths: np.ndarray, device: str, mapped_bytes: int,
+                seed: int) -> tuple[BudgetPlan, int]:
+    """In a process of its own: the plan of the model of ``configs`` (with ``weights``, else initialised from
+    ``seed``) under ``budget``, and the measured peak of one step on the plan's costliest batch."""
+    torch.manual_seed(seed)
+    model = build_model(*configs).to(device)
+    if weights is not None:
+        model.load_state_dict(weights)
+    plan = plan_budget(model, budget, optimizer, lengths, torch.device(device), mapped_bytes=mapped_bytes)
+    return plan, measure_planned_step(model, plan, torch.device(device))
 
 
 UPDATE_WARMUP = 1  # updates of each model not timed
