@@ -40,7 +40,9 @@ def test_quick_mode_fills_the_table(tmp_path):
     assert "memory" not in gru  # ordinary models have no buffer to measure
     assert revgru["memory"]["decoder"]["actual_ratio"] > 1
     tokens = revgru["budget"]["batch_tokens"]
-    assert tokens["reversible"] > tokens["ordinary"] > 0
+    # Each model is planned in a process of its own: under the quick setup's budget both can fit every pair the quick
+    # corpus has, so only "not fewer" holds here (more, at real sizes: tests/revnmt/memory/test_budget.py)
+    assert tokens["reversible"] >= tokens["ordinary"] > 0
     table = (runs / "results.md").read_text()
     assert f"{tokens['ordinary']:,}" in table and f"{tokens['reversible']:,}" in table  # GRU's row: same-size model
     assert sorted(p.name for p in (kept / "revgru-emb+slice-3bit").iterdir()) == [
