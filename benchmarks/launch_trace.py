@@ -22,23 +22,26 @@ sentence T tokens), after a warm-up step on a tiny batch (it makes the tables th
   the products counted as CUDA runs them, oneDNN off) and every Triton kernel run, and per time step (÷ T);
 - every Triton launch's grid (all are the fused step kernels' or the buffer's): the smallest and the largest
   number of programs, and each kernel's grids with their launches;
-- host reads inside the four sweeps (``.item()``, ``int()``, ``torch.equal``, indexing with a mask, ...:
-  ``revnmt.profiling.launches.reads_host``), with the buffers checking bad input lazily, as on CUDA.
+- host reads inside the four sweeps (``.item()``, ``int()``, ``tolist()``, ``torch.equal``, indexing with a mask,
+  ...: ``revnmt.profiling.launches.reads_host``), with the buffers checking bad input lazily, as on CUDA, apart from
+  the one read that ends each sweep (``host_reads_at_sweep_ends``: a forward sweep's error code and stack height, a
+  reverse's exactness guard);
+- forward sweeps run again because their stack outgrew the room it was given before the sweep (``reruns``,
+  :class:`buffers.StackRoom`).
 
 The Triton kernels are traced, not run (``LaunchCounter(run_kernels=False)``): their grids and number depend on the
 shapes only, and at B = 8,192 and 600 units the interpreter, which runs one program at a time in Python, would take
 far too long (a RevGRU step at B = 2 takes it half an hour). Their outputs read as zeros, so the states stay zero,
-the reversal rebuilds them and the buffer's words never overflow onto its stack. The stack is then sized as for a
-batch whose words never overflow (docs/design.md#errors-without-a-host-sync-per-step): its height stays 0, so the
-host's bound on it reaches the capacity about every hundred pushes, and the sizings (``stack_sizings``, two reads each)
-grow with T where a real batch's grow with log T. ``--run-kernels`` runs the kernels in Triton's interpreter
-instead, for small shapes only; tests/benchmarks/test_launch_trace_benchmark.py holds the two traces equal at a tiny
-shape.
+the reversal rebuilds them and the buffer's words never overflow onto its stack: no sweep outgrows its room, as
+none does once the room has learned the data. ``--run-kernels`` runs the kernels in Triton's interpreter instead,
+for small shapes only; tests/benchmarks/test_launch_trace_benchmark.py holds the two traces equal at a tiny shape,
+and the traces of two batches of one shape equal to each other.
 
 With ``--json FILE`` it writes a list of records, one per (model, B, T): ``rnn``, ``batch``, ``length``,
 ``launches`` (per step), ``launches_per_time_step``, ``triton_launches``, ``min_programs`` and ``max_programs``
-(over the Triton launches), ``host_reads`` (inside the sweeps; ``host_reads_in_step`` in the whole step),
-``stack_sizings``, each sweep's launches and reads (``sweeps``) and each kernel's grids (``grids``).
+(over the Triton launches), ``host_reads`` (inside the sweeps; ``host_reads_at_sweep_ends`` at their ends,
+``host_reads_in_step`` in the whole step), ``reruns``, each sweep's launches and reads (``sweeps``) and each
+kernel's grids (``grids``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from unittest import mock
 import torch
 from machine import cpu_name
 
+from buffers import InformationBuffer
 from revnmt.memory.budget import synthetic_batch
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.profiling.launches import LaunchCounter, check_lazily
@@ -72,21 +76,29 @@ _WARM_UP = (2, 3)  # sentences, tokens
 
 
 @contextlib.contextmanager
-def _sweeps_noted(model, counter: LaunchCounter, sizings: Counter) -> Iterator[None]:
-    """Every sweep of ``model`` noted as a section of ``counter``'s launches ("encoder forward", ...), and the
-    times each forward sweep read its buffer's height to size the stack counted in ``sizings``."""
+def _sweeps_noted(model, counter: LaunchCounter, reruns: Counter) -> Iterator[None]:
+    """Every sweep of ``model`` noted as a section of ``counter``'s launches ("encoder forward", ...), the read that
+    ends it as a section "end" inside it (:meth:`~buffers.InformationBuffer.settle`: a forward sweep's error code
+    and stack height, a reverse's exactness guard), and the times each forward sweep ran again because its stack
+    outgrew its room, counted in ``reruns``."""
     def noted(method, kind: str):
         def sweep(rnn: ReversibleRNN, *args, **kwargs):
             label = f"{'decoder' if rnn is model.decoder else 'encoder'} {kind}"
+            before = rnn.stack_room.reruns
             with counter.section(label):
                 result = method(rnn, *args, **kwargs)
-            if kind == "forward":
-                sizings[label] += result.buffer.words.syncs
+            reruns[label] += rnn.stack_room.reruns - before
             return result
         return sweep
 
+    def settle(buffer: InformationBuffer, *scalars):
+        with counter.section("end"):
+            return InformationBuffer_settle(buffer, *scalars)
+
+    InformationBuffer_settle = InformationBuffer.settle
     with (mock.patch.object(ReversibleRNN, "forward_sweep", noted(ReversibleRNN.forward_sweep, "forward")),
-          mock.patch.object(ReversibleRNN, "backward_sweep", noted(ReversibleRNN.backward_sweep, "reverse"))):
+          mock.patch.object(ReversibleRNN, "backward_sweep", noted(ReversibleRNN.backward_sweep, "reverse")),
+          mock.patch.object(InformationBuffer, "settle", settle)):
         yield
 
 
@@ -103,35 +115,42 @@ def traced_model(rnn: str, layers: int, emb_dim: int, hidden_size: int, slice_di
     return model.train()
 
 
-def trace_step(model, sentences: int, length: int, run_kernels: bool = False) -> tuple[LaunchCounter, Counter]:
-    """The launches of one training step of ``model`` on a synthetic batch, its sweeps noted as sections, and the
-    stack sizings of each forward sweep."""
+def trace_step(model, sentences: int, length: int, run_kernels: bool = False, seed: int = 0
+               ) -> tuple[LaunchCounter, Counter]:
+    """The launches of one training step of ``model`` on a synthetic batch (drawn with ``seed``), its sweeps noted
+    as sections, and the reruns of each forward sweep."""
     cfg = model.cfg
-    batch = synthetic_batch(sentences, length, cfg.src_vocab, cfg.tgt_vocab, torch.device("cpu"))
+    batch = synthetic_batch(sentences, length, cfg.src_vocab, cfg.tgt_vocab, torch.device("cpu"), seed)
     model.zero_grad(set_to_none=True)
-    counter, sizings = LaunchCounter(run_kernels=run_kernels), Counter()
-    with torch.backends.mkldnn.flags(enabled=False), counter, _sweeps_noted(model, counter, sizings):
+    counter, reruns = LaunchCounter(run_kernels=run_kernels), Counter()
+    with torch.backends.mkldnn.flags(enabled=False), counter, _sweeps_noted(model, counter, reruns):
         model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, normalizer=float(batch.n_tokens))
     model.zero_grad(set_to_none=True)
-    return counter, sizings
+    return counter, reruns
 
 
-def summarize(counter: LaunchCounter, sizings: Counter, rnn: str, sentences: int, length: int) -> dict:
+def summarize(counter: LaunchCounter, reruns: Counter, rnn: str, sentences: int, length: int) -> dict:
     """One record of the trace: launches, grids and host reads of a step, in all and by sweep."""
     grids = Counter((launch.name, launch.grid) for launch in counter.launches if launch.grid is not None)
     programs = [launch.programs for launch in counter.launches if launch.grid is not None]
+    ends = [section for section in counter.sections if section.label == "end"]
     sweeps = []
     for section in counter.sections:
+        if section.label == "end":
+            continue
         launches = counter.launches[section.start:section.end]
+        at_end = sum(launch.reads_host for end in ends if section.start <= end.start < section.end
+                     for launch in counter.launches[end.start:end.end])
         sweeps.append({"sweep": section.label, "launches": len(launches),
                        "triton_launches": sum(launch.grid is not None for launch in launches),
-                       "host_reads": sum(launch.reads_host for launch in launches),
-                       "stack_sizings": sizings[section.label]})
+                       "host_reads": sum(launch.reads_host for launch in launches) - at_end,
+                       "host_reads_at_end": at_end, "reruns": reruns[section.label]})
     return {"rnn": rnn, "batch": sentences, "length": length, "launches": counter.count,
             "launches_per_time_step": counter.count / length, "triton_launches": len(programs),
             "min_programs": min(programs), "max_programs": max(programs),
-            "host_reads": sum(sweep["host_reads"] for sweep in sweeps), "host_reads_in_step": counter.host_reads,
-            "stack_sizings": sum(sizings.values()), "sweeps": sweeps,
+            "host_reads": sum(sweep["host_reads"] for sweep in sweeps),
+            "host_reads_at_sweep_ends": sum(sweep["host_reads_at_end"] for sweep in sweeps),
+            "host_reads_in_step": counter.host_reads, "reruns": sum(reruns.values()), "sweeps": sweeps,
             "grids": [{"kernel": name, "grid": list(grid), "launches": n} for (name, grid), n in grids.items()]}
 
 
@@ -150,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"one training step on {cpu_name()}, {torch.get_num_threads()} threads, triton backend, kernels {mode}; "
           f"layers {args.layers}, units {args.hidden_size}, emb+slice attention with {args.slice_dim} slice units")
     print(f"{'rnn':8s} {'B':>5s} {'T':>4s} {'launches':>9s} {'per token':>9s} {'triton':>7s} {'min prog':>9s} "
-          f"{'max prog':>9s} {'host reads':>10s}  reads by sweep; stack sizings", flush=True)
+          f"{'max prog':>9s} {'host reads':>10s} {'at ends':>7s} {'reruns':>6s}", flush=True)
     sizes = {name: getattr(args, name) for name in IWSLT}
     records = []
     for rnn in args.rnn:
@@ -163,12 +182,10 @@ def main(argv: list[str] | None = None) -> None:
                 record |= {"kernels": "run" if args.run_kernels else "traced",
                            "seconds": round(time.perf_counter() - start, 1)}
                 records.append(record)
-                reads = ", ".join(f"{s['sweep']} {s['host_reads']}" for s in record["sweeps"])
-                reads += f"; {record['stack_sizings']}"
                 print(f"{rnn:8s} {sentences:5d} {length:4d} {record['launches']:9,d} "
                       f"{record['launches_per_time_step']:9.1f} {record['triton_launches']:7,d} "
-                      f"{record['min_programs']:9,d} {record['max_programs']:9,d} {record['host_reads']:10d}  {reads}",
-                      flush=True)
+                      f"{record['min_programs']:9,d} {record['max_programs']:9,d} {record['host_reads']:10d} "
+                      f"{record['host_reads_at_sweep_ends']:7d} {record['reruns']:6d}", flush=True)
         del model
     if args.json:
         for record in records:

@@ -5,8 +5,9 @@ multiplication by quantized gates (Algorithm 1 of Maclaurin et al. 2015, as used
 2018), and :class:`InformationBuffer`, which stores the bits those multiplications destroy.
 
 Modules: :mod:`.fixed` (fixed point, the forget limit), :mod:`.multiply` (Algorithm 1 as tensor
-ops), :mod:`.words` (the buffer's words and their bookkeeping), :mod:`.backends` (where the
-arithmetic runs: numba, torch or Triton), :mod:`.buffer` (the front that ties them together).
+ops), :mod:`.words` (the buffer's words and their bookkeeping), :mod:`.room` (how much stack a sweep gets
+before it runs), :mod:`.backends` (where the arithmetic runs: numba, torch or Triton), :mod:`.buffer` (the
+front that ties them together).
 """
 
 from . import backends
@@ -29,12 +30,13 @@ from .fixed import (
     to_float,
 )
 from .multiply import div_exact, mul_exact
+from .room import StackRoom
 from .words import TILE_ROWS, WORD_LIMIT, BufferError
 
 __all__ = [
     "BufferError", "FORGET_ONE", "FORGET_RADIX", "FixedPointOverflowError", "ForgetLimit", "HIDDEN_RADIX",
-    "InformationBuffer", "MAX_FORGET_CHOICES", "NO_FORGET_LIMIT", "OverflowGuard", "TILE_ROWS", "WORD_LIMIT",
-    "backends",
+    "InformationBuffer", "MAX_FORGET_CHOICES", "NO_FORGET_LIMIT", "OverflowGuard", "StackRoom", "TILE_ROWS",
+    "WORD_LIMIT", "backends",
     "checked_add", "div_exact", "lossy_update", "mul_exact", "quantize_forget", "restrict_forget",
     "straight_through", "to_fixed", "to_float",
 ]

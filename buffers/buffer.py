@@ -34,6 +34,9 @@ class InformationBuffer:
         tile_rows: sentences per tile (see :mod:`buffers.words`): a tile's lanes overflow together, onto a
             stack of the tile's own, and tiles never see each other's words. Larger tiles waste more words on
             rows that forget less than the tile's fullest (or are padding); on a GPU a tile is one program's work.
+        levels: stack levels for a caller that knows its pushes ahead (a sweep): the stack keeps this room, and
+            never reads the device to grow it; :meth:`settle` then says whether it held (see :mod:`buffers.words`).
+            None: the stack grows as it fills, reading the heights on the host when it might be full.
         eager_checks: raise bad input at once, reading an error flag on the host after every call
             (default on CPU, where that costs nothing), or keep it on the device until the next host
             read that the stack needs anyway, or :meth:`check` (default elsewhere: a read per call
@@ -42,10 +45,10 @@ class InformationBuffer:
 
     def __init__(self, batch: int, units: int, device: torch.device | str | None = None,
                  limit: ForgetLimit = NO_FORGET_LIMIT, backend: BufferBackend | None = None,
-                 tile_rows: int = TILE_ROWS, eager_checks: bool | None = None) -> None:
-        if batch < 1 or units < 1 or tile_rows < 1:
-            raise ValueError(f"InformationBuffer needs batch, units and tile_rows >= 1, got {batch}, {units}, "
-                             f"{tile_rows}")
+                 tile_rows: int = TILE_ROWS, levels: int | None = None, eager_checks: bool | None = None) -> None:
+        if batch < 1 or units < 1 or tile_rows < 1 or (levels is not None and levels < 0):
+            raise ValueError(f"InformationBuffer needs batch, units and tile_rows >= 1 and levels >= 0, got {batch}, "
+                             f"{units}, {tile_rows}, {levels}")
         # canonical, as tensors report it ("cuda" becomes "cuda:0"), so the device checks compare like with like
         self.device = torch.empty(0, device=device if device is not None else "cpu").device
         if backend is None:
@@ -55,7 +58,7 @@ class InformationBuffer:
         self.backend = backend
         self.batch, self.units = batch, units
         eager = self.device.type == "cpu" if eager_checks is None else eager_checks
-        self.words = WordStack(batch, units, self.device, limit, tile_rows, eager)
+        self.words = WordStack(batch, units, self.device, limit, tile_rows, eager, levels)
 
     # ------------------------------------------------------------------ the update (the per-step API)
 
@@ -148,6 +151,23 @@ class InformationBuffer:
     def check(self) -> None:
         """Raise bad input recorded on the device since the last check (one host read)."""
         self.words.check()
+
+    @property
+    def capacity(self) -> int:
+        """Stack levels each tile may fill now (a fixed room's ``levels``)."""
+        return self.words.capacity
+
+    def settle(self, *scalars: torch.Tensor) -> list[int]:
+        """After a sweep: raise bad input recorded on the device, else return the highest tile's stack height (then
+        the values of any integer device ``scalars`` passed), one host read of them all. A height above
+        :attr:`capacity` means a fixed room was too small and its pushes lost words: the sweep must run again
+        with at least that room."""
+        return self.words.settle(*scalars)
+
+    def live_words(self) -> torch.Tensor:
+        """Live words not zero, a device scalar (no host read): 0, with every height 0 and no push left, is
+        an empty buffer."""
+        return self.words.curr.count_nonzero()
 
     def is_empty(self) -> bool:
         """True when every push has been popped and every word is back to zero (one host sync)."""

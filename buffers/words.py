@@ -19,13 +19,25 @@ a GPU. ``tile_rows`` and ``units`` are part of what a run computes.
 The host keeps every push's width, which checks that pops mirror pushes without reading the device.
 
 No host sync per step. Whether a push overflows is known only on the device, so the heights ``top``
-are a device tensor. The host needs just an upper bound on the highest to keep the stack large enough:
-after a reset a word grows by at most k bits per push (k = max forgotten bits), so two overflows of a
-tile are at least ⌈53/k⌉ pushes apart, and every tile sees every push. The host reads the heights only
-when that bound reaches the capacity; capacity then grows with the highest, so the reads grow with
-log T and growth copies are amortized O(1) per word. Bad input (a range error, a bad numerator) is
-likewise an error code on the device, ``status``: raised at once with ``eager_checks`` (a CPU reads it
-for free), else at the next read the stack needs anyway or at :meth:`WordStack.check`.
+are a device tensor, and the stack's room is decided one of two ways:
+
+- *Fixed room* (``levels``): a sweep, which knows how many pushes it will make, gets ``levels`` stack levels
+  before it starts and never reads the device while it runs. A push that finds its tile's stack full stores
+  nothing but still counts the height, so after the sweep one read (:meth:`WordStack.settle`) tells whether
+  the room held, and if not, exactly how much the sweep needed: its caller runs it again with that room
+  (pushes compute the same states whatever the stack holds, so the rerun is the same sweep, bit for bit).
+- *Growing room* (the default, for a caller that pushes and pops as it goes): the host needs an upper
+  bound on the highest stack. After a reset a word grows by at most k bits per push (k = max forgotten
+  bits), so two overflows of a tile are at least ⌈53/k⌉ pushes apart, and every tile sees every push. The
+  host reads the heights only when that bound reaches the capacity; capacity then grows with the highest,
+  so the reads grow with log T and growth copies are amortized O(1) per word.
+
+Either way the stack keeps one level above its room that no height reaches: the backends store a tile's
+live words there when it does not overflow (a store without a branch) or when a fixed room is full.
+
+Bad input (a range error, a bad numerator) is an error code on the device, ``status``: raised at once with
+``eager_checks`` (a CPU reads it for free), else at the next read the stack needs anyway or at
+:meth:`WordStack.check`.
 """
 
 from __future__ import annotations
@@ -82,17 +94,17 @@ class WordStack:
     """
 
     def __init__(self, batch: int, units: int, device: torch.device, limit: ForgetLimit, tile_rows: int,
-                 eager_checks: bool) -> None:
+                 eager_checks: bool, levels: int | None = None) -> None:
         self.batch, self.units, self.device, self.eager_checks = batch, units, device, eager_checks
         self.limit = limit  # numerators below limit.min_numerator are rejected
-        bits_per_push = FORGET_RADIX if limit.bits is None else limit.bits
-        self._overflow_gap = math.ceil((63 - FORGET_RADIX) / bits_per_push)
+        self._overflow_gap = _overflow_gap(limit)
 
         self.tile_rows = min(tile_rows, batch)
         self.tiles = math.ceil(batch / self.tile_rows)
         long = dict(dtype=torch.int64, device=device)
         self.curr = torch.zeros(batch, units, **long)
-        self.stack = torch.zeros(1 + _MIN_FREE_WORDS, batch, units, **long)
+        self.fixed_room = levels is not None  # see the module docstring: fixed or growing room
+        self.stack = torch.zeros(1 + (_MIN_FREE_WORDS if levels is None else levels), batch, units, **long)
         self.top = torch.zeros(self.tiles, **long)
         # One overflow bit per push and tile, 8 to a byte: with few lanes (3, numba's default) a push is a few
         # words a tile, and a byte a flag would cost as much again as the words (docs/memory.md#buffer-tiles).
@@ -110,6 +122,11 @@ class WordStack:
     def lanes(self) -> int:
         """Lanes per row: the columns one push takes from each row."""
         return self.units
+
+    @property
+    def capacity(self) -> int:
+        """Stack levels a tile may fill: the stack's but the spare one above them (see the module docstring)."""
+        return self.stack.shape[0] - 1
 
     @property
     def pushes(self) -> int:
@@ -155,15 +172,18 @@ class WordStack:
     # ------------------------------------------------------------------ capacity
 
     def proven_height(self, pushes: int) -> int:
-        """The highest a tile's stack can stand after ``pushes`` pushes from empty, by the arithmetic alone (every
-        push forgetting ``limit.bits`` in every lane): what a stack sized before a sweep, without reading its
-        heights, would need."""
+        """The highest a tile's stack can stand after ``pushes`` pushes from empty (:func:`proven_height`)."""
         return math.ceil(pushes / self._overflow_gap)
 
     def reserve(self, pushes: int) -> None:
-        """Make sure the next ``pushes`` pushes have stack slots and flags, reading the heights on the
-        host only when the proven bound says the highest stack might be full."""
+        """Make sure the next ``pushes`` pushes have flags and, with growing room, stack slots, reading the
+        heights on the host only when the proven bound says the highest stack might be full. A fixed room is
+        checked after the sweep instead (:meth:`settle`)."""
         after = len(self._widths) + pushes
+        if _flag_bytes(after) > self.flags.shape[0]:
+            self.flags = _grow(self.flags, max(_flag_bytes(after), 2 * self.flags.shape[0]))
+        if self.fixed_room:
+            return
         bound = self._known_top + self.proven_height(after - self._pushes_at_read)
         if bound + 1 > self.stack.shape[0]:
             self.syncs += 1
@@ -178,8 +198,6 @@ class WordStack:
                       + max(_MIN_FREE_WORDS, self._known_top // 4))
             if needed > self.stack.shape[0]:
                 self.stack = _grow(self.stack, needed)
-        if _flag_bytes(after) > self.flags.shape[0]:
-            self.flags = _grow(self.flags, max(_flag_bytes(after), 2 * self.flags.shape[0]))
 
     def reserve_flags(self, pushes: int) -> None:
         """Room in the flag log for ``pushes`` more pushes, grown to exactly that (:meth:`reserve` doubles)."""
@@ -224,7 +242,17 @@ class WordStack:
 
     def check(self) -> None:
         """Raise the recorded error, if any (one host read); the error is cleared once raised."""
-        code = int(self.status)
+        self._raise(int(self.status))
+
+    def settle(self, *scalars: torch.Tensor) -> list[int]:
+        """Raise the recorded error, if any, else return the highest tile's stack height and the integer device
+        ``scalars`` a caller needs at the same time: one host read of them all, after a sweep. A height above
+        :attr:`capacity` means a fixed room was too small, and by how much."""
+        code, *values = torch.stack([self.status.long()[0], self.top.max(), *(x.long() for x in scalars)]).tolist()
+        self._raise(code)
+        return values
+
+    def _raise(self, code: int) -> None:
         if code != OK:
             self.status.zero_()
             raise status_error(code, self.limit.min_numerator)
@@ -260,6 +288,18 @@ class WordStack:
         on_host = sum(x for x in self._group_lost if not isinstance(x, torch.Tensor))
         on_device = [t.reshape(-1) for t in self._group_lost if isinstance(t, torch.Tensor)]  # a scalar or per tile
         return float(on_host) + (float(torch.cat(on_device).sum()) if on_device else 0.0)
+
+
+def proven_height(limit: ForgetLimit, pushes: int) -> int:
+    """The highest a tile's stack can stand after ``pushes`` pushes from empty, by the arithmetic alone (every push
+    forgetting ``limit.bits`` in every lane): a room no sweep can outgrow."""
+    return math.ceil(pushes / _overflow_gap(limit))
+
+
+def _overflow_gap(limit: ForgetLimit) -> int:
+    """The fewest pushes between two overflows of a tile: a reset word takes that many to reach WORD_LIMIT."""
+    bits_per_push = FORGET_RADIX if limit.bits is None else limit.bits
+    return math.ceil((63 - FORGET_RADIX) / bits_per_push)
 
 
 def flag_position(push: int) -> tuple[int, int]:

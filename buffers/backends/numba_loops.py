@@ -87,7 +87,8 @@ def push_group(h: np.ndarray, z: np.ndarray, active: np.ndarray, curr: np.ndarra
                     if active[b, start + k] and curr[b, k] >= word_limit:
                         overflow = True
             if overflow:
-                stack[top[tile], first:end] = curr[first:end]
+                # A full fixed room stores the words in the spare level above it; the height still counts.
+                stack[min(top[tile], stack.shape[0] - 1), first:end] = curr[first:end]
                 curr[first:end] = 0
                 top[tile] += 1
             _set_flag(flags, first_flag + c, tile, overflow)

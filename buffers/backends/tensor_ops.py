@@ -75,8 +75,9 @@ class TorchBackend(BufferBackend):
             0, tile_of_row, full.any(1).long()) > 0
         row_overflow = overflow[tile_of_row, None]
         # Save every row's live words into the slot above its tile's stack; the flag decides whether they
-        # count (the tile's ``top`` advances) and whether its live words restart from zero.
-        words.stack[words.top[tile_of_row], rows] = words.curr
+        # count (the tile's ``top`` advances) and whether its live words restart from zero. A full fixed room
+        # stores them in the spare level above it instead, and the height still counts (buffers.words).
+        words.stack[words.top.clamp(max=words.capacity)[tile_of_row], rows] = words.curr
         words.curr.masked_fill_(row_overflow, 0)
         words.top += overflow
         row, bit = flag_position(flag)

@@ -216,17 +216,18 @@ def _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m
 
 @triton.jit
 def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_rs, float_ptr, curr_ptr, stack_ptr,
-              flags_ptr, first_flag, tiles, lost_table_ptr, top, status, batch, first, rows, width, stored, lanes,
-              min_numerator, GATES: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
+              capacity, flags_ptr, first_flag, tiles, lost_table_ptr, top, status, batch, first, rows, width, stored,
+              lanes, min_numerator, GATES: tl.constexpr, FLOAT: tl.constexpr, LANE_BLOCK: tl.constexpr,
               ELEMENT_BLOCK: tl.constexpr):
     """h ← z·h + u on the tile of ``rows`` rows from row ``first`` of one update of a [batch, width] state, into
     ``out``: the first ``stored`` columns by the floor product, the rest through the buffer, one chunk after
     another onto the tile's lanes (its stack height ``top``; ``curr_ptr`` and ``stack_ptr`` are the buffer's
-    [batch, lanes] and [capacity, batch, lanes]). Chunk c writes its overflow bit as push ``first_flag`` + c of
-    the tile's column of flags at ``flags_ptr`` (:func:`_flag_byte`). z and u come from ``terms`` (see
-    :func:`_lane_terms`); ``mask`` marks the live lanes (strided as h is, or a row mask: column stride 0). With
-    FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (height, bits destroyed, error
-    code)."""
+    [batch, lanes] and [capacity + 1, batch, lanes]: a push onto a full stack stores in the spare level
+    ``capacity`` and still counts the height, see buffers.words). Chunk c writes its overflow bit as push
+    ``first_flag`` + c of the tile's column of flags at ``flags_ptr`` (:func:`_flag_byte`). z and u come from
+    ``terms`` (see :func:`_lane_terms`); ``mask`` marks the live lanes (strided as h is, or a row mask: column
+    stride 0). With FLOAT, the new h as float32 also goes to ``float_ptr`` ([batch, width]). Returns (height, bits
+    destroyed, error code)."""
     for start in range(0, rows * stored, ELEMENT_BLOCK):
         ok, r, col = elements(start, rows, stored, ELEMENT_BLOCK)
         b = first + r
@@ -263,7 +264,8 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
                                                      m_cs, min_numerator, GATES)
             active = valid & live
             cur = tl.load(curr_ptr + words + lane, mask=lane_ok, other=0)
-            tl.store(stack_ptr + top * level + words + lane, cur, mask=tl.where(overflow, lane_ok, False))
+            tl.store(stack_ptr + tl.minimum(top, capacity) * level + words + lane, cur,
+                     mask=tl.where(overflow, lane_ok, False))
             product, cur = _push_lanes(hv, zq, active, tl.where(overflow, 0, cur))
             tl.store(curr_ptr + words + lane, cur, mask=lane_ok)
             value = product + ui
@@ -353,7 +355,7 @@ def _load_terms(args, b, col, valid):
 
 @triton.jit
 def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_ptr, m_rs, m_cs, out_ptr,
-                 curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
+                 curr_ptr, stack_ptr, capacity, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
                  batch, width, stored, tile_rows, lanes, first_flag, min_numerator,
                  GATES: tl.constexpr, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """h ← z·h + u for one update (``out`` is [batch, width], contiguous), a program per tile; each writes its
@@ -361,7 +363,7 @@ def _push_kernel(h_ptr, h_rs, h_cs, z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs, mask_p
     first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
     tiles = tl.num_programs(0)
     top, lost, status = push_walk(_load_terms, (z_ptr, z_rs, z_cs, u_ptr, u_rs, u_cs), h_ptr, h_rs, h_cs,
-                                  mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, curr_ptr, stack_ptr,
+                                  mask_ptr, m_rs, m_cs, out_ptr, width, out_ptr, curr_ptr, stack_ptr, capacity,
                                   flags_ptr + tl.program_id(0), first_flag, tiles, lost_table_ptr, top, status, batch,
                                   first, rows, width, stored, lanes, min_numerator, GATES=GATES, FLOAT=False,
                                   LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
@@ -410,9 +412,9 @@ def _push_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.
                  first_flag: int, gates: bool) -> None:
     grid, options = walk_launch(h.shape[0], words.tile_rows, words.lanes)
     _push_kernel[grid](
-        *_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, words.curr, words.stack, words.top,
-        words.flags, words.status, lost, lost_table, h.shape[0], h.shape[1], stored, words.tile_rows, words.lanes,
-        first_flag, words.limit.min_numerator, GATES=gates, **options)
+        *_strided(h), *_strided(z), *_strided(u), *_strided(mask), out, words.curr, words.stack, words.capacity,
+        words.top, words.flags, words.status, lost, lost_table, h.shape[0], h.shape[1], stored, words.tile_rows,
+        words.lanes, first_flag, words.limit.min_numerator, GATES=gates, **options)
 
 
 def _pop_launch(h: torch.Tensor, z: torch.Tensor, u: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,

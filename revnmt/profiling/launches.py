@@ -62,7 +62,8 @@ class LaunchCounter(TorchDispatchMode):
 
     Triton's launches do not go through torch's dispatcher, so the counter wraps ``run`` of Triton's kernel
     classes (the compiled ``JITFunction`` and the interpreter's ``InterpretedFunction``) while it is active;
-    the ops the interpreter dispatches inside a run are part of that one launch.
+    the ops the interpreter dispatches inside a run are part of that one launch. ``Tensor.tolist`` does not go
+    through it either on a CPU tensor: it is wrapped too, and recorded as a host read.
 
     With ``run_kernels=False`` the Triton kernels are recorded and not run (their grids depend on the shapes
     only), and every allocation comes back zero-filled: what a kernel would have written reads as zeros, the
@@ -83,6 +84,9 @@ class LaunchCounter(TorchDispatchMode):
             from triton.runtime.jit import JITFunction
             kinds = [JITFunction, InterpretedFunction]
         self._patches = [mock.patch.object(kind, "run", self._counted(kind.run)) for kind in kinds]
+        # A CPU tensor's tolist() reads its memory without dispatching an op (on CUDA it copies to the host first,
+        # a sync): counted here as the one read it is on every device.
+        self._patches.append(mock.patch.object(torch.Tensor, "tolist", self._read(torch.Tensor.tolist)))
 
     @property
     def names(self) -> list[str]:
@@ -120,6 +124,13 @@ class LaunchCounter(TorchDispatchMode):
             finally:
                 self._in_kernel = False
         return counted_run
+
+    def _read(self, tolist):
+        def read(tensor):
+            if not self._in_kernel:
+                self.launches.append(Launch("Tensor.tolist", reads_host=True))
+            return tolist(tensor)
+        return read
 
     def __enter__(self):
         for patch in self._patches:

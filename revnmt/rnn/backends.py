@@ -60,10 +60,11 @@ class Backend:
         """The buffer's operations (made on first use: :func:`on_device` has checked the device)."""
         return backends.by_name(self.name)
 
-    def new_buffer(self, batch: int, lanes: int, device: torch.device, limit: ForgetLimit,
-                   tile_rows: int) -> InformationBuffer:
-        """An information buffer of this backend: ``lanes`` lanes a row, tiles of ``tile_rows`` rows."""
-        return InformationBuffer(batch, lanes, device, limit, backend=self.buffer, tile_rows=tile_rows)
+    def new_buffer(self, batch: int, lanes: int, device: torch.device, limit: ForgetLimit, tile_rows: int,
+                   levels: int | None = None) -> InformationBuffer:
+        """An information buffer of this backend: ``lanes`` lanes a row, tiles of ``tile_rows`` rows, a fixed room
+        of ``levels`` stack levels (None: growing as it fills)."""
+        return InformationBuffer(batch, lanes, device, limit, backend=self.buffer, tile_rows=tile_rows, levels=levels)
 
     def __reduce__(self):
         return _registered, (self.name,)  # pickled by name: one object per backend in every process

@@ -5,7 +5,8 @@ Training by reversal (MacKay et al., NeurIPS 2018; why it is exact: docs/design.
 1. :meth:`ReversibleRNN.forward_sweep` runs every step under ``no_grad``, pushing forgotten bits onto one
    information buffer shared by all layers and halves (time-major, so the reverse pops in mirror order).
    It keeps only the final integer states, the buffer, the dropout masks and, if asked, an exact int32
-   slice of the top layer per step (attention memory). No per-step activations.
+   slice of the top layer per step (attention memory). No per-step activations. The buffer's stack gets its
+   room before the sweep (:class:`~buffers.StackRoom`), so nothing is read on the host while it runs.
 2. :meth:`ReversibleRNN.backward_sweep` undoes the steps and backpropagates them (:mod:`.reversal`).
 3. At the end the reconstructed initial state must equal the true one and the buffer must be
    empty; otherwise :class:`ReversalError` — gradients are never silently wrong.
@@ -32,8 +33,10 @@ from buffers import (
     ForgetLimit,
     InformationBuffer,
     OverflowGuard,
+    StackRoom,
     to_float,
 )
+from buffers.words import proven_height
 
 from . import backends
 from .backends import Backend
@@ -124,6 +127,9 @@ class ReversibleRNN(nn.Module):
         self.slice_dim, self.buffer_lanes, self.buffer_tile = slice_dim, buffer_lanes, buffer_tile
         self.buffer_backend, self.chunk_steps = buffer_backend, chunk_steps
         self._backends: dict[torch.device, Backend] = {}
+        #: The stack levels a forward sweep's buffer gets, learned from the sweeps before (not a parameter: a run
+        #: computes the same bits whatever it learns, see buffers.room).
+        self.stack_room = StackRoom()
 
     @property
     def state_size(self) -> int:
@@ -163,21 +169,33 @@ class ReversibleRNN(nn.Module):
         """Integer zeros for every layer."""
         return [torch.zeros(batch, self.state_size, dtype=torch.int32, device=device) for _ in self.cells]
 
-    def new_buffer(self, batch: int, device: torch.device, steps: int = 0) -> InformationBuffer:
+    def new_buffer(self, batch: int, device: torch.device, steps: int = 0, levels: int | None = None
+                   ) -> InformationBuffer:
         """The information buffer a forward sweep over ``batch`` rows (and ``steps`` steps, if known: its push
-        log is then sized once) pushes onto.
+        log is then sized once) pushes onto, with a fixed room of ``levels`` stack levels (None: growing as it
+        fills, see :mod:`buffers.words`).
 
         Each row has ``buffer_lanes`` lanes, evened out so that a half's chunks are alike (150 columns on
         "16" lanes are 10 chunks of 15), and the rows form tiles of ``buffer_tile`` sentences. A tile's
         lanes get a new word together when its fullest one overflows, so its rows should fill at like
         rates: batches of like lengths (the bucketing sampler's) waste few words on padding.
         """
-        half = self.cells[0].half
-        lanes = math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
-        buffer = self.backend_on(device).new_buffer(batch, lanes, device, self.limit, self.buffer_tile)
-        groups = sum(2 * cell.groups_per_half for cell in self.cells)  # buffered updates per step
-        buffer.reserve_pushes(steps * groups * len(buffer.words.update_widths(half, 0)))
+        buffer = self.backend_on(device).new_buffer(batch, self._lanes(device), device, self.limit, self.buffer_tile,
+                                                    levels)
+        buffer.reserve_pushes(self.sweep_pushes(steps, device))
         return buffer
+
+    def sweep_pushes(self, steps: int, device: torch.device) -> int:
+        """The pushes a forward sweep of ``steps`` steps makes onto its buffer, at most (a push per chunk of lanes;
+        fewer where the attention slice's columns skip the buffer)."""
+        half = self.cells[0].half
+        groups = sum(2 * cell.groups_per_half for cell in self.cells)  # buffered updates per step
+        return steps * groups * math.ceil(half / self._lanes(device))
+
+    def _lanes(self, device: torch.device) -> int:
+        """Lanes per row, evened out over a half's chunks (see :meth:`new_buffer`)."""
+        half = self.cells[0].half
+        return math.ceil(half / math.ceil(half / min(self.lanes_on(device), half)))
 
     def draw_dropout(self, batch: int, device: torch.device) -> list[torch.Tensor | None]:
         """Inverted-dropout masks for the inputs of layers 1…L−1, one per batch (locked over time)."""
@@ -222,16 +240,50 @@ class ReversibleRNN(nn.Module):
                       dropout: list[torch.Tensor | None] | None = None, reversible: bool = True) -> Tape:
         """Run all steps without autograd; keep only what reversal needs (see module docstring).
 
+        The buffer's stack gets the room :attr:`stack_room` gives a sweep of this length, and nothing is read
+        on the host until the sweep has run; then one read (:meth:`~buffers.InformationBuffer.settle`) raises
+        bad input or finds that the room was too small. Then the sweep runs again, with the room that the sweeps
+        after it will get, which holds it: its pushes computed the same states whatever the stack could hold, so
+        the rerun is the same sweep.
+
         ``reversible=False`` (inference, e.g. encoding for translation) uses no buffer: the forgotten
         bits are dropped, as in :meth:`step`, and the tape cannot be reversed. This also makes each
         row's states depend on its own input only: a buffer's words feed the lowest bits of every
         product, and a tile's rows overflow together, so a sentence would translate slightly differently
         with other tile mates.
         """
-        with exact_float32(mask.device):
-            return self._forward_steps(inputs, _by_steps(mask), initial, dropout, reversible)
+        mask = _by_steps(mask)
+        steps, batch = mask.shape
+        device = mask.device
+        # Drawn once: a rerun must see the same masks.
+        dropout = dropout if dropout is not None else self.draw_dropout(batch, device)
+        with exact_float32(device):
+            if not reversible:
+                tape = self._forward_steps(inputs, mask, initial, dropout, None)
+                tape.check()
+                return tape
+            pushes = self.sweep_pushes(steps, device)
+            proven = proven_height(self.limit, pushes)
 
-    def _forward_steps(self, inputs, mask, initial, dropout, reversible) -> Tape:
+            def sweep() -> Tape:
+                buffer = self.new_buffer(batch, device, steps, self.stack_room.levels(pushes, proven))
+                return self._forward_steps(inputs, mask, initial, dropout, buffer)
+
+            tape = sweep()
+            height, = tape.buffer.settle()  # the sweep's one host read
+            rerun = height > tape.buffer.capacity
+            self.stack_room.record(height, pushes, rerun)
+            if rerun:  # with the room the next sweeps get, which holds this one: a step's memory is that of the next
+                tape = None  # its words are incomplete: let them go before the rerun holds its own
+                tape = sweep()
+                if tape.buffer.settle() != [height]:
+                    raise ReversalError("a forward sweep run again with the same inputs reached another stack height: "
+                                        "its kernels are not deterministic, and reversal could not be exact")
+        return tape
+
+    def _forward_steps(self, inputs: SequenceInput, mask: torch.Tensor, initial: list[torch.Tensor] | None,
+                       dropout: list[torch.Tensor | None], buffer: InformationBuffer | None) -> Tape:
+        """The steps of a forward sweep onto ``buffer`` (None: inference), with nothing read on the host."""
         steps, batch = mask.shape
         if len(inputs) != steps:
             raise ValueError(f"inputs have {len(inputs)} steps but the mask has {steps}")
@@ -239,11 +291,9 @@ class ReversibleRNN(nn.Module):
         # A step makes a layer's new state as a new tensor and never writes into the old one, so the tape keeps
         # the initial states themselves (the caller's, or zeros) for the reverse's check, not copies of them.
         states = list(initial) if initial is not None else self.initial_state(batch, device)
-        buffer = self.new_buffer(batch, device, steps) if reversible else None
         backend = self.backend_on(device)
-        tape = Tape(states=states, initial=list(states), buffer=buffer, backend=backend,
-                    mask=mask, dropout=dropout if dropout is not None else self.draw_dropout(batch, device),
-                    slices=None, guard=None if reversible else OverflowGuard(device))
+        tape = Tape(states=states, initial=list(states), buffer=buffer, backend=backend, mask=mask, dropout=dropout,
+                    slices=None, guard=None if buffer is not None else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
         weights = [SweepWeights(cell) for cell in self.cells]
@@ -256,7 +306,6 @@ class ReversibleRNN(nn.Module):
                 states[layer] = cell.forward_int(p, states[layer], mask[t], sweeps[layer])
             if tape.slices is not None:
                 tape.slices[t] = states[-1][:, : self.slice_dim]
-        tape.check()  # one host sync per sweep, not per step
         return tape
 
     def backward_sweep(self, tape: Tape, inputs: SequenceInput, grad_final: list[torch.Tensor | None] | None = None,
@@ -295,16 +344,19 @@ class ReversibleRNN(nn.Module):
         return grads
 
     def _check_exact(self, tape: Tape) -> None:
-        tape.check()
-        for layer, (got, want) in enumerate(zip(tape.states, tape.initial)):
-            if not torch.equal(got, want):
-                wrong = (got != want).sum().item()
+        buffer = tape.buffer
+        wrong = [(got != want).sum() for got, want in zip(tape.states, tape.initial)]
+        # One host read for the whole guard (on a GPU every read waits for the device): the error code, the highest
+        # stack, the live words left and each layer's wrong values.
+        height, live_words, *wrong = buffer.settle(buffer.live_words(), *wrong)
+        for layer, (n, want) in enumerate(zip(wrong, tape.initial)):
+            if n:
                 raise ReversalError(
-                    f"reversal did not reconstruct the initial state of layer {layer}: {wrong} of {want.numel()} "
+                    f"reversal did not reconstruct the initial state of layer {layer}: {n} of {want.numel()} "
                     "values differ. Forward and reverse computed a gate differently (weights changed between "
                     "them, nondeterministic kernels, TF32/autocast in one pass only); gradients would be wrong"
                 )
-        if not tape.buffer.is_empty():
+        if height or live_words or buffer.pushes:
             raise ReversalError("reversal finished but the information buffer is not empty: pushes and pops did "
                                 "not mirror each other; gradients would be wrong")
 

@@ -44,8 +44,9 @@ def test_small_run_writes_a_record_per_model_batch_and_length(tmp_path):
         assert 1 <= r["min_programs"] <= r["max_programs"]
         assert [s["sweep"] for s in r["sweeps"]] == ["encoder forward", "decoder forward", "decoder reverse",
                                                      "encoder reverse"]
-        assert r["host_reads"] == sum(s["host_reads"] for s in r["sweeps"]) <= r["host_reads_in_step"]
-        assert all(s["host_reads"] >= 1 for s in r["sweeps"])  # today: each sweep's check at its end
+        # Nothing is read inside a sweep; each ends with one read (its error code and height, or the guard).
+        assert r["host_reads"] == 0 and all(s["host_reads"] == 0 and s["host_reads_at_end"] == 1 for s in r["sweeps"])
+        assert r["host_reads_at_sweep_ends"] == 4 <= r["host_reads_in_step"] and r["reruns"] == 0
         assert sum(g["launches"] for g in r["grids"]) == r["triton_launches"]
         assert {g["kernel"] for g in r["grids"]} == ({"_gru_gates_kernel", "_gru_push_kernel", "_gru_reverse_kernel",
                                                       "_gru_read_grad_kernel"} if r["rnn"] == "revgru"
@@ -65,11 +66,24 @@ def test_a_trace_equals_a_run_of_the_kernels(launch_trace, rnn):
     # follow the heights: see the benchmark's docstring.)
     model = launch_trace.traced_model(rnn, **TINY)
     launch_trace.trace_step(model, 2, 3)  # warm-up: the device's tables
-    (traced, traced_sizings), (run, run_sizings) = (launch_trace.trace_step(model, 2, 3, run_kernels=run_kernels)
-                                                    for run_kernels in (False, True))
+    (traced, traced_reruns), (run, run_reruns) = (launch_trace.trace_step(model, 2, 3, run_kernels=run_kernels)
+                                                  for run_kernels in (False, True))
     assert traced.launches == run.launches and traced.sections == run.sections
-    assert traced_sizings == run_sizings
+    assert traced_reruns == run_reruns
     assert any(launch.grid for launch in run.launches) and run.host_reads > 0
+
+
+@pytest.mark.parametrize("rnn", ["revgru", pytest.param("revlstm", marks=pytest.mark.slow)])
+def test_two_batches_of_one_shape_launch_the_same_kernels(launch_trace, rnn):
+    # What a CUDA graph needs: the launches of a training step (every ATen op, every Triton kernel and its grid, every
+    # host read, in order) follow the batch's shape, not its words. Run in the interpreter on two batches of other
+    # words, after a step of that shape has taught the stacks their room.
+    model = launch_trace.traced_model(rnn, **TINY)
+    launch_trace.trace_step(model, 4, 5, run_kernels=True, seed=2)
+    (first, first_reruns), (second, second_reruns) = (launch_trace.trace_step(model, 4, 5, run_kernels=True, seed=seed)
+                                                      for seed in (0, 1))
+    assert first.launches == second.launches and first.sections == second.sections
+    assert sum(first_reruns.values()) == sum(second_reruns.values()) == 0
 
 
 def test_the_counter_records_grids_and_does_not_run_kernels_when_told():

@@ -207,6 +207,34 @@ def test_ten_thousand_steps_add_many_words(fast_impl):
     assert torch.equal(h, h0) and buf.is_empty()
 
 
+def test_a_fixed_room_never_grows_or_reads_and_a_full_one_still_counts_the_height(impl):
+    # A fixed room of two levels: pushes never read the device to grow it. Past two overflows of a tile its words
+    # are stored nowhere, but the pushes' products (the new states) are those of a buffer with room, and the tile's
+    # height still counts every overflow, so settle() tells the caller how much room the pushes needed.
+    device = impl[0]
+    fixed, growing = _buffer(impl, 5, 2, tile_rows=2, levels=2), _buffer(impl, 5, 2, tile_rows=2)
+    gen = torch.Generator().manual_seed(4)
+    h_fixed = h_growing = _random_state(gen, 5, 6, device)
+    for _ in range(_steps(impl, 60)):
+        z = torch.randint(1, 5, (5, 6), generator=gen).to(device)  # 6 to 8 bits forgotten: frequent overflows
+        h_fixed, h_growing = fixed.push_mul(h_fixed, z), growing.push_mul(h_growing, z)
+        assert torch.equal(h_fixed, h_growing)
+    heights = growing.heights()
+    assert min(heights) > 2 and fixed.heights() == heights
+    assert fixed.syncs == 0 and fixed.capacity == 2 and fixed.words.stack.shape[0] == 3
+    assert fixed.settle() == [max(heights)]
+    first_two = growing.words.stack[:2].cpu()
+    assert torch.equal(fixed.words.stack[:2].cpu(), first_two)  # the levels that fitted hold the same words
+    assert fixed.settle(torch.tensor(7, device=device), torch.tensor(-1, device=device)) == [max(heights), 7, -1]
+
+
+def test_settle_raises_what_the_device_recorded():
+    buf = InformationBuffer(2, 3, limit=THREE_BITS, eager_checks=False, levels=4)
+    buf.push_mul(torch.ones(2, 3, dtype=torch.int32), torch.full((2, 3), 1, dtype=torch.int64))  # below 3 bits' floor
+    with pytest.raises(ValueError, match="forget numerators must lie in"):
+        buf.settle()
+
+
 @pytest.mark.parametrize("tile_rows", [TILE_ROWS, 4])
 def test_groups_of_different_widths_share_one_buffer(impl, tile_rows):
     # e.g. h1 with an attention slice (narrower), h2, c1, c2 of a two-layer RevLSTM; 6 rows are one tile, or two
@@ -512,5 +540,7 @@ def test_a_fused_call_must_obey_the_buffers_forget_limit():
 def test_bad_construction():
     with pytest.raises(ValueError):
         InformationBuffer(0, 3)
+    with pytest.raises(ValueError, match="levels >= 0"):
+        InformationBuffer(2, 3, levels=-1)
     with pytest.raises(ValueError):
         InformationBuffer(2, 3, limit=ForgetLimit(4))

@@ -28,7 +28,7 @@ _COMPILE = textwrap.dedent(r"""
     # The argument types the backend passes (h int32, masks bool, words int64, ...); z and u are the
     # float gates of an update, or int64 numerators (and an unused u) for push_mul / pop_div.
     TYPES = {"h_ptr": "*i32", "mask_ptr": "*i1", "out_ptr": "*i32", "curr_ptr": "*i64", "stack_ptr": "*i64",
-             "top_ptr": "*i64", "flags_ptr": "*u8",
+             "capacity": "i32", "top_ptr": "*i64", "flags_ptr": "*u8",
              "status_ptr": "*i32", "lost_ptr": "*fp64", "lost_table_ptr": "*fp64", "batch": "i32", "width": "i32",
              "stored": "i32", "tile_rows": "i32", "lanes": "i32", "first_flag": "i32", "min_numerator": "i32",
              **{f"{t}_{s}": "i32" for t in "hzum" for s in ("rs", "cs")}}  # row and column strides

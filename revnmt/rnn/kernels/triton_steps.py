@@ -238,7 +238,7 @@ def _gru_gates_kernel(read_ptr, read_rs, w_ptr, w_os, w_ks, p_ptr, p_rs, s_ptr, 
 
 @triton.jit
 def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, mask_ptr, out_ptr, out_rs, float_ptr,
-                     curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
+                     curr_ptr, stack_ptr, capacity, top_ptr, flags_ptr, status_ptr, lost_ptr, lost_table_ptr,
                      batch, half, stored, tile_rows, lanes, first_flag, min_numerator, slope,
                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevGRU's half update h ← z·h + (1 − z)·g, its first ``stored`` columns unbuffered, and its float copy; a
@@ -248,7 +248,7 @@ def _gru_push_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr, m
     tiles = tl.num_programs(0)
     # h's columns are adjacent; the row mask applies across a row (column stride 0).
     top, lost, status = push_walk(gru_update, gates, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_ptr, out_rs, float_ptr,
-                                  curr_ptr, stack_ptr, flags_ptr + tl.program_id(0), first_flag, tiles,
+                                  curr_ptr, stack_ptr, capacity, flags_ptr + tl.program_id(0), first_flag, tiles,
                                   lost_table_ptr, top, status, batch, first, rows, half, stored, lanes, min_numerator,
                                   GATES=True, FLOAT=True, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr + tl.program_id(0), lost)
@@ -337,9 +337,9 @@ def _gru_read_grad_kernel(grad_pre_ptr, grad_pre_rs, w_g_ptr, w_g_os, w_g_ks, w_
 
 @triton.jit
 def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, mask_ptr, out_h_ptr,
-                      out_c_ptr, out_rs, float_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, lost_ptr,
-                      lost_table_ptr, batch, half, stored, tile_rows, lanes, flag_c, flag_h, min_numerator, slope,
-                      LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
+                      out_c_ptr, out_rs, float_ptr, curr_ptr, stack_ptr, capacity, top_ptr, flags_ptr, status_ptr,
+                      lost_ptr, lost_table_ptr, batch, half, stored, tile_rows, lanes, flag_c, flag_h, min_numerator,
+                      slope, LANE_BLOCK: tl.constexpr, ELEMENT_BLOCK: tl.constexpr):
     """RevLSTM's half update: c ← f·c + i·g, then h ← p·h + o·tanh(new c) and its float copy; a program per
     buffer tile. The bits destroyed go to ``lost`` [2, tiles] (c's, h's)."""
     cell = (pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope)
@@ -347,13 +347,13 @@ def _lstm_push_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr, p_
     first, rows, top, status = open_tile(top_ptr, batch, tile_rows)
     tile, tiles = tl.program_id(0), tl.num_programs(0)
     top, lost, status = push_walk(lstm_cell_update, cell, c_ptr, c_rs, 1, mask_ptr, 1, 0, out_c_ptr, out_rs,
-                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + tile, flag_c, tiles,
+                                  float_ptr, curr_ptr, stack_ptr, capacity, flags_ptr + tile, flag_c, tiles,
                                   lost_table_ptr, top, status, batch, first, rows, half, 0, lanes, min_numerator,
                                   GATES=True, FLOAT=False, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr + tile, lost)
     tl.debug_barrier()  # h's terms read the new cell that other threads wrote
     top, lost, status = push_walk(lstm_hidden_update, hidden, h_ptr, h_rs, 1, mask_ptr, 1, 0, out_h_ptr, out_rs,
-                                  float_ptr, curr_ptr, stack_ptr, flags_ptr + tile, flag_h, tiles,
+                                  float_ptr, curr_ptr, stack_ptr, capacity, flags_ptr + tile, flag_h, tiles,
                                   lost_table_ptr, top, status, batch, first, rows, half, stored, lanes, min_numerator,
                                   GATES=True, FLOAT=True, LANE_BLOCK=LANE_BLOCK, ELEMENT_BLOCK=ELEMENT_BLOCK)
     tl.store(lost_ptr + tiles + tile, lost)
@@ -458,8 +458,8 @@ def _gru_push_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s:
                      lost_table: torch.Tensor, stored: int, first_flag: int, min_numerator: int, slope: float) -> None:
     grid, options = walk_launch(h.shape[0], tile_rows, curr.shape[1])
     _gru_push_kernel[grid](*_rows(h), *_rows(pre_g), *_rows(p_g), s, _row_mask(mask), *_rows(out), new_float, curr,
-                           stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1], stored, tile_rows,
-                           curr.shape[1], first_flag, min_numerator, slope, **options)
+                           stack, _capacity(stack), top, flags, status, lost, lost_table, h.shape[0], h.shape[1],
+                           stored, tile_rows, curr.shape[1], first_flag, min_numerator, slope, **options)
 
 
 def _gru_reverse_launch(h: torch.Tensor, pre_g: torch.Tensor, p_g: torch.Tensor, s: torch.Tensor, mask: torch.Tensor,
@@ -498,8 +498,9 @@ def _lstm_push_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gat
         raise ValueError("the new h and c must be laid out alike (halves of one state tensor)")
     grid, options = walk_launch(h.shape[0], tile_rows, curr.shape[1])
     _lstm_push_kernel[grid](*_rows(h), *_rows(c), *_rows(pre), *_rows(p_gates), _row_mask(mask), out_h, *_rows(out_c),
-                            new_float, curr, stack, top, flags, status, lost, lost_table, h.shape[0], h.shape[1],
-                            stored, tile_rows, curr.shape[1], flag_c, flag_h, min_numerator, slope, **options)
+                            new_float, curr, stack, _capacity(stack), top, flags, status, lost, lost_table, h.shape[0],
+                            h.shape[1], stored, tile_rows, curr.shape[1], flag_c, flag_h, min_numerator, slope,
+                            **options)
 
 
 def _lstm_reverse_launch(h: torch.Tensor, c: torch.Tensor, pre: torch.Tensor, p_gates: torch.Tensor, mask: torch.Tensor,
@@ -549,6 +550,11 @@ def _pops(buf: InformationBuffer | None, device: torch.device, limit: ForgetLimi
         return None, [0] * len(updates), _no_words(device)
     plan = buf.plan_pop(*updates, limit=limit)
     return plan, plan.flags, (*plan.tensors(), plan.tile_rows)
+
+
+def _capacity(stack: torch.Tensor) -> int:
+    """The stack levels a push may fill: all but the spare one on top (buffers.words)."""
+    return stack.shape[0] - 1
 
 
 def _columns(p: torch.Tensor, col: int, pre: torch.Tensor) -> torch.Tensor:
