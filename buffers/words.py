@@ -41,8 +41,9 @@ WORD_LIMIT = 1 << (63 - FORGET_RADIX)
 _MIN_FREE_WORDS = 4  # stack slots kept free after a read of the height, so reads stay rare
 
 # Error codes in ``WordStack.status``; backends record the largest they meet, so the most specific
-# wins (a pop that decodes out of range says the pop did not mirror its push).
-OK, BAD_NUMERATOR, TERM_OVERFLOW, STATE_OVERFLOW, OUT_OF_RANGE = 0, 1, 2, 3, 4
+# wins (a pop that decodes out of range says the pop did not mirror its push). The lowest, a push that found its
+# tile's stack full (it stored nothing, but counted the height), says only that the sweep needs more room.
+OK, CAPACITY_EXCEEDED, BAD_NUMERATOR, TERM_OVERFLOW, STATE_OVERFLOW, OUT_OF_RANGE = 0, 1, 2, 3, 4, 5
 
 
 class BufferError(RuntimeError):
@@ -51,6 +52,8 @@ class BufferError(RuntimeError):
 
 def status_error(code: int, min_numerator: int) -> Exception:
     """The exception an error code of ``WordStack.status`` stands for."""
+    if code == CAPACITY_EXCEEDED:
+        return BufferError("a push found its tile's stack full: the sweep needs a larger stack")
     if code == BAD_NUMERATOR:
         return ValueError(numerator_message(min_numerator))
     if code == TERM_OVERFLOW:
