@@ -2,13 +2,14 @@
 for its reverse (issue #44, docs: gpu-design-study §3).
 
 Why. The per-step kernels (:mod:`.triton_steps`) launch three kernels per layer, half and step, so a small batch's
-step is bound by the host's launches, not by the GPU. Here a program owns a tile of ``TB`` sentences for the whole
-sweep and runs, step after step, what those launches ran: every product of its rows (``tl.dot`` from the weights in
-global memory, which stay in L2), the gates and the buffer's walk. Nothing couples the programs: a buffer tile's
-overflow decision is a reduction over that tile's lanes only (:mod:`buffers.words`), and a program's rows are whole
-buffer tiles (``TB`` is a multiple of ``tile_rows``; ``tl.dot`` needs at least 16 rows, and tiles default to 8), so
-no program waits for another and there is no grid-wide barrier. A program's live words stay in registers for the
-whole launch: every push of a step (every layer, half and chunk) lands on the same lanes of its rows.
+step is bound by the host's launches, not by the GPU. Here a program owns ``TB`` sentences (:func:`program_rows`)
+for the whole sweep and runs, step after step, what those launches ran: every product of its rows (``tl.dot`` from
+the weights in global memory, which stay in L2), the gates and the buffer's walk. Nothing couples the programs: a
+buffer tile's overflow decision is a reduction over that tile's lanes only (:mod:`buffers.words`), and a program's
+rows are whole buffer tiles (``TB`` is a multiple of ``tile_rows``; ``tl.dot`` needs at least 16 rows, and tiles
+default to 8), so no program waits for another and there is no grid-wide barrier. A program's live words stay in
+registers for the whole launch: every push of a step (every layer, half and chunk) lands on the same lanes of its
+rows.
 
 Push order. Inside a program the sweep runs in the buffer's order, time-major: step t, then layer, then half, then
 chunk, the order in which :meth:`revnmt.rnn.ReversibleRNN.forward_sweep` pushes with per-step kernels. That is why a
@@ -90,8 +91,8 @@ CAPACITY_EXCEEDED = tl.constexpr(wordstack.CAPACITY_EXCEEDED)
 
 #: Columns a g-product block takes: a chunk's lanes, padded to a power of two (at most 16 lanes: revnmt's default).
 MAX_LANES = 16
-#: Units per gates block and inner dimension per tl.dot: 16 and 16 keep a 64-row program's products in the registers
-#: of a thread on sm_80 and sm_90 (more spilled in the design study's prototype; tests/revnmt/rnn/test_triton_sweeps.py
+#: Units per gates block and inner dimension per tl.dot: 16 and 16 keep a program's products in the registers of a
+#: thread on sm_80 and sm_90 (more spilled in the design study's prototype; tests/revnmt/rnn/test_triton_sweeps.py
 #: checks). One set for both sweeps: BLOCK_K sets the order of every product's sums.
 _BLOCKS = {"BLOCK_J": 16, "BLOCK_K": 16}
 
@@ -475,20 +476,29 @@ class StackWeights:
 
 
 def program_rows(batch: int, tile_rows: int) -> int:
-    """Rows per program: 64 (the tile the design study fitted in registers) once there are enough programs to fill
-    a GPU, else 16 (tl.dot's least), so that a small batch still spreads over several programs; always whole
-    buffer tiles."""
-    if tile_rows & (tile_rows - 1) or tile_rows > 64:
-        raise ValueError(f"the persistent sweeps need buffer tiles of a power of two up to 64 rows, got {tile_rows}")
-    return max(64 if batch >= 64 * 64 else 16, tile_rows)
+    """Rows per program: 32 once a batch makes enough programs to fill a GPU (128 of them), else 16 (tl.dot's
+    least), so that a small batch still spreads over several programs; always whole buffer tiles. Not 64, the
+    design study's prototype's tile: this kernel holds more (the stack's projections and the reverse's input
+    gradient), and at 64 rows its 8 warps spill in the reverse (255 registers, 180 to 270 bytes; 16 warps get 128
+    registers and spill more). See :func:`_options` for the figures at 16 and 32."""
+    if tile_rows & (tile_rows - 1) or tile_rows > 32:
+        raise ValueError(f"the persistent sweeps need buffer tiles of a power of two up to 32 rows, got {tile_rows}")
+    return max(32 if batch >= 32 * 128 else 16, tile_rows)
 
 
 def _options(batch: int, tile_rows: int, lanes: int) -> dict:
+    """Constexprs and launch options of both sweeps' kernels, the same for both (the blocks set the products' bits).
+
+    8 warps, the K loops not software-pipelined (``num_stages=1``) and ptxas allowed every register a thread can
+    have (``maxnreg=255``): with Triton's three stages the operand prefetches pushed the reverse at 32 rows to 255
+    registers and a spill on sm_80, and without the explicit limit ptxas capped some variants at 128 registers and
+    spilled. So set, the forward takes 164 to 206 registers and the reverse 196 to 244, none spilled, on sm_80 and
+    sm_90 (tests/revnmt/rnn/test_triton_sweeps.py prints them). One program of 8 warps then fills an SM's registers:
+    the other programs' latency is not there to hide a load's, which is the price of no spills."""
     if lanes > MAX_LANES:
         raise ValueError(f"the persistent sweeps take at most {MAX_LANES} buffer lanes, got {lanes}")
-    rows = program_rows(batch, tile_rows)
-    return dict(TILE_ROWS=tile_rows, TB=rows, LANES_P2=MAX_LANES, num_warps=8 if rows >= 64 else 4, **_BLOCKS,
-                **COMPILE_OPTIONS)
+    return dict(TILE_ROWS=tile_rows, TB=program_rows(batch, tile_rows), LANES_P2=MAX_LANES, num_warps=8, num_stages=1,
+                maxnreg=255, **_BLOCKS, **COMPILE_OPTIONS)
 
 
 def _stored(layer: int, layers: int, i: int, half: int, slice_dim: int) -> int:

@@ -230,8 +230,9 @@ _COMPILE = textwrap.dedent(r"""
 
     spilled = []
     arch = int(sys.argv[1])
-    # (batch, half, lanes): Multi30K (hidden 300, 150 units on 15 lanes) and IWSLT (hidden 600, 300 on 16), each at
-    # a small batch (programs of 16 rows) and a large one (64 rows).
+    # (batch, lanes): Multi30K (hidden 300, 150 units a half on 15 lanes) and IWSLT (hidden 600, 300 on 16), each at
+    # a small batch (programs of 16 rows) and a large one (32 rows). The sizes are arguments, not constants: what
+    # a shape changes in the compiled kernel is its program's rows.
     for shape, batch, lanes in (("multi30k", 64, 15), ("multi30k", 8192, 15), ("iwslt", 64, 16),
                                 ("iwslt", 8192, 16)):
         options = ts._options(batch, 8, lanes)
