@@ -180,6 +180,16 @@ def _g_gates(x_ptr, x_rs, n_in, w_in_ptr, b_ptr, w_rec_ptr, work_ptr, rows, cols
 
 
 @triton.jit
+def _add_rows(dst_ptr, dst_rs, src_ptr, rows, batch, width, BLOCK_J: tl.constexpr):
+    """dst[rows, :width] += src[rows] ([batch, width], contiguous): a gradient from outside the stack."""
+    for j0 in range(0, width, BLOCK_J):
+        cols = j0 + tl.arange(0, BLOCK_J)
+        ok = (rows[:, None] < batch) & (cols < width)[None, :]
+        at = dst_ptr + rows[:, None] * dst_rs + cols[None, :]
+        tl.store(at, tl.load(at, mask=ok) + tl.load(src_ptr + rows[:, None] * width + cols[None, :], mask=ok), mask=ok)
+
+
+@triton.jit
 def _stored_count(layer, layers, i, half, slice_dim):
     """Leading columns of half i of ``layer`` that skip the buffer: the top layer's attention slice."""
     return tl.where(layer == layers - 1, tl.minimum(tl.maximum(slice_dim - i * half, 0), half), 0)
@@ -286,17 +296,18 @@ def _gru_forward_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, dro
 
 @triton.jit(do_not_specialize=["last_flag", "start", "stop"])
 def _gru_reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_ptr, mask_ptr, state_ptr,
-                        grads_ptr, slices_ptr, initial_ptr, initial_rs, slice_grad_ptr, work_ptr, grad_pre_ptr,
-                        rec_in_ptr, layer_in_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, batch, start,
-                        stop, chunk, layers, half, lanes, slice_dim, last_flag, min_numerator, slope,
-                        SLICE_GRAD: tl.constexpr, TILE_ROWS: tl.constexpr, TB: tl.constexpr,
+                        grads_ptr, slices_ptr, initial_ptr, initial_rs, slice_grad_ptr, out_grad_ptr, work_ptr,
+                        grad_pre_ptr, rec_in_ptr, layer_in_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr,
+                        batch, start, stop, chunk, layers, half, lanes, slice_dim, last_flag, min_numerator, slope,
+                        SLICE_GRAD: tl.constexpr, OUT_GRAD: tl.constexpr, TILE_ROWS: tl.constexpr, TB: tl.constexpr,
                         LANES_P2: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     """Undo and backpropagate steps ``start`` … ``stop`` − 1 of :func:`_gru_forward_kernel`, last first, for the
     program's rows: ``state`` back to the state before ``start`` in place, ``grads`` [layers, batch, hidden] (d loss
     / d state) likewise; ``last_flag`` is the last push's flag. ``x`` [stop − start, batch, n_in0]: layer 0's inputs
     at those steps. The stored columns' previous values come from ``slices``, at the first step from ``initial``
     (the top layer's initial state, row stride ``initial_rs``); with SLICE_GRAD, ``slice_grad`` [steps, batch,
-    slice_dim] is added to the top layer's gradient before each step. Into slots of ``chunk`` steps (s = t − start)
+    slice_dim] is added to the top layer's gradient before each step, and with OUT_GRAD ``out_grad`` [stop − start,
+    batch, hidden] (d loss / d its outputs at those steps). Into slots of ``chunk`` steps (s = t − start)
     the kernel writes what the weights' gradients are reduced from: ``grad_pre`` [layers, chunk, batch, 6·half] (d
     loss / d each gate's pre-activation, also d loss / d the projection), ``rec_in`` [layers, 4, chunk, batch, half]
     (each half's h_j and r·h_j) and ``layer_in`` [layers, chunk, batch, hidden] (the inputs of layers > 0)."""
@@ -321,14 +332,11 @@ def _gru_reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, dro
         s = t - start
         live_rows = tl.load(mask_ptr + t * batch + rows, mask=row_ok, other=0) != 0
         top_grad = grads_ptr + (layers - 1) * batch * hidden
+        if OUT_GRAD:
+            _add_rows(top_grad, hidden, out_grad_ptr + s * batch * hidden, rows, batch, hidden, BLOCK_J)
         if SLICE_GRAD:
-            for j0 in range(0, slice_dim, BLOCK_J):
-                cols = j0 + tl.arange(0, BLOCK_J)
-                ok = row_ok[:, None] & (cols < slice_dim)[None, :]
-                at = top_grad + rows[:, None] * hidden + cols[None, :]
-                added = tl.load(slice_grad_ptr + (t * batch + rows[:, None]) * slice_dim + cols[None, :], mask=ok)
-                tl.store(at, tl.load(at, mask=ok) + added, mask=ok)
-            tl.debug_barrier()
+            _add_rows(top_grad, hidden, slice_grad_ptr + t * batch * slice_dim, rows, batch, slice_dim, BLOCK_J)
+        tl.debug_barrier()  # the reverse reads the gradients by other threads' blocks
         for layer_back in range(0, layers):
             layer = layers - 1 - layer_back
             layer_state = state_ptr + layer * batch * hidden
@@ -587,12 +595,13 @@ class ReverseSlots:
 def gru_reverse_sweep(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor, state: torch.Tensor,
                       grads: torch.Tensor, drop: torch.Tensor, buffer: InformationBuffer, limit: ForgetLimit,
                       slices: torch.Tensor, initial_top: torch.Tensor, slice_grad: torch.Tensor | None, start: int,
-                      stop: int, slots: ReverseSlots) -> None:
+                      stop: int, slots: ReverseSlots, out_grad: torch.Tensor | None = None) -> None:
     """Undo and backpropagate steps ``start`` … ``stop`` − 1 of :func:`gru_forward_sweep` in one launch: ``state``
     and ``grads`` ([layers, batch, hidden], d loss / d state) in place, the weights' gradient terms into ``slots``
     (reduced by :meth:`ReverseSlots.accumulate`). ``x``: layer 0's inputs at those steps; ``slices``: what the
     forward returned; ``initial_top``: the top layer's initial state (its stored columns before step 0);
-    ``slice_grad`` [steps, batch, slice_dim]: d loss / d the slices, or None."""
+    ``slice_grad`` [steps, batch, slice_dim]: d loss / d the slices, or None; ``out_grad`` [stop − start, batch,
+    hidden]: d loss / d the top layer's outputs at those steps, or None."""
     steps, batch = mask.shape
     half, layers = weights.half, weights.layers
     slice_dim = slices.shape[-1]
@@ -604,11 +613,93 @@ def gru_reverse_sweep(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor
     work = torch.empty(batch, 3 * half, device=state.device)
     _gru_reverse_kernel[grid](
         x.contiguous(), x.shape[-1], weights.w_in0, weights.w_in, weights.bias, weights.w_rec, drop, mask.contiguous(),
-        state, grads, slices, initial_top, initial_top.stride(0), slices if slice_grad is None else slice_grad, work,
-        slots.grad_pre, slots.rec_in, slots.layer_in, words.curr, words.stack, words.top, words.flags, words.status,
-        batch, start, stop, slots.chunk, layers, half, words.lanes, slice_dim, last_flag, limit.min_numerator,
-        limit.slope, SLICE_GRAD=slice_grad is not None, **options)
+        state, grads, slices, initial_top, initial_top.stride(0), work if slice_grad is None else slice_grad,
+        work if out_grad is None else out_grad.contiguous(), work, slots.grad_pre, slots.rec_in, slots.layer_in,
+        words.curr, words.stack, words.top, words.flags, words.status, batch, start, stop, slots.chunk, layers, half,
+        words.lanes, slice_dim, last_flag, limit.min_numerator, limit.slope, SLICE_GRAD=slice_grad is not None,
+        OUT_GRAD=out_grad is not None, **options)
     plan.done()
 
 
-__all__ = ["ReverseSlots", "StackWeights", "gru_forward_sweep", "gru_reverse_sweep", "program_rows"]
+def _dropout_masks(dropout: list[torch.Tensor | None], batch: int, hidden: int, device: torch.device) -> torch.Tensor:
+    """The layers' dropout masks as the kernels read them, [layers, batch, hidden]: ones where a layer has none
+    (x · 1 is x, bit for bit)."""
+    drop = torch.ones(len(dropout), batch, hidden, device=device)
+    for layer, mask in enumerate(dropout):
+        if layer and mask is not None:
+            drop[layer] = mask
+    return drop
+
+
+class TritonSweeps:
+    """A reversible stack's sweeps by the persistent kernels: what :class:`~revnmt.rnn.backends.Backend` offers a
+    :class:`~revnmt.rnn.ReversibleRNN` whose sweeps they can run (:meth:`supports`), in place of a launch per layer,
+    half and step. The stack's forward then keeps what its backward needs on the tape as the per-step path does
+    (final states, buffer, slices), and its backward sweep must be :meth:`backward`: the states' low bits are this
+    module's products' (see the module docstring)."""
+
+    def supports(self, rnn, buffer: InformationBuffer | None) -> bool:
+        """Whether these kernels run ``rnn``'s sweeps over ``buffer``: a RevGRU stack, trained (a buffer), whose
+        buffer tiles and lanes the kernels take."""
+        from ..cells import RevGRUCell  # the cells import the kernels' package: imported here, when first asked
+
+        words = None if buffer is None else buffer.words
+        return (words is not None and isinstance(rnn.cells[0], RevGRUCell) and words.lanes <= MAX_LANES
+                and not words.tile_rows & (words.tile_rows - 1) and words.tile_rows <= 32)
+
+    @torch.no_grad()
+    def forward(self, rnn, x: torch.Tensor, mask: torch.Tensor, initial: list[torch.Tensor],
+                dropout: list[torch.Tensor | None], buffer: InformationBuffer
+                ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The forward sweep of ``rnn`` from the ``initial`` states (left as they are) over the inputs ``x`` [steps,
+        batch, input]: (each layer's final state, the slices or None)."""
+        from ..cells import SweepWeights
+
+        batch = mask.shape[1]
+        weights = StackWeights.of([SweepWeights(cell) for cell in rnn.cells])
+        state = torch.stack(initial)
+        drop = _dropout_masks(dropout, batch, rnn.hidden_size, mask.device)
+        slices = gru_forward_sweep(weights, x, mask, state, drop, buffer, rnn.limit, rnn.slice_dim)
+        return list(state.unbind(0)), slices if rnn.slice_dim else None
+
+    @torch.no_grad()
+    def backward(self, rnn, tape, inputs, grad_final: list[torch.Tensor | None] | None, output_grads,
+                 slice_grad: torch.Tensor | None, chunk: int) -> list[torch.Tensor]:
+        """The backward sweep of a tape :meth:`forward` recorded (the arguments of
+        :meth:`~revnmt.rnn.ReversibleRNN.backward_sweep`): ``tape.states`` back to the initial states, parameter
+        gradients into ``.grad``; returns d loss / d each layer's initial state. ``chunk`` steps per launch, but one
+        where ``output_grads`` asks for the outputs' gradients: the top layer's state after step t is known only once
+        the steps after it are undone."""
+        from ..cells import SweepWeights
+
+        steps, batch = tape.mask.shape
+        device = tape.mask.device
+        sweep = [SweepWeights(cell, grads=True) for cell in rnn.cells]
+        weights = StackWeights.of(sweep)
+        state = torch.stack(tape.states)
+        grads = torch.stack([torch.zeros(batch, rnn.hidden_size, device=device) if g is None else g
+                             for g in (grad_final or [None] * rnn.num_layers)])
+        drop = _dropout_masks(tape.dropout, batch, rnn.hidden_size, device)
+        chunk = 1 if output_grads is not None else min(chunk, steps)
+        slots = ReverseSlots.empty(rnn.num_layers, chunk, batch, weights.half, device)
+        slices = tape.slices if tape.slices is not None else torch.empty(steps, batch, 0, dtype=torch.int32,
+                                                                          device=device)
+        for start in reversed(range(0, steps, chunk)):
+            stop = min(start + chunk, steps)
+            out_grad = None
+            if output_grads is not None:
+                out_grad = output_grads(slice(start, stop), rnn.cells[-1].output(state[-1])[None])
+            x = inputs.steps(start, stop)
+            gru_reverse_sweep(weights, x, tape.mask, state, grads, drop, tape.buffer, rnn.limit, slices,
+                              tape.initial[-1], slice_grad, start, stop, slots, out_grad)
+            inputs.backward(start, slots.accumulate(sweep, stop - start, x))
+        for collected in sweep:
+            collected.flush()
+        tape.states = list(state.unbind(0))
+        return list(grads.unbind(0))
+
+
+TRITON_SWEEPS = TritonSweeps()
+
+__all__ = ["TRITON_SWEEPS", "ReverseSlots", "StackWeights", "TritonSweeps", "gru_forward_sweep", "gru_reverse_sweep",
+           "program_rows"]

@@ -25,6 +25,7 @@ from conftest import HAS_CUDA, HAS_TRITON, assert_same_words
 from test_reversible import _assert_close
 
 from buffers import ForgetLimit, InformationBuffer, backends, to_float
+from revnmt.profiling.launches import LaunchCounter
 from revnmt.rnn import ReversibleRNN
 from revnmt.rnn.cells import SweepWeights
 from revnmt.rnn.inputs import TensorInput
@@ -205,6 +206,27 @@ def test_a_full_stack_counts_the_heights_and_says_so(monkeypatch):
     assert int(buf.words.status) == ts.wordstack.CAPACITY_EXCEEDED
     assert buf.words.heights() == full.words.heights() and max(buf.words.heights()) > 1  # counted all the same
     assert torch.equal(buf.words.stack, full.words.stack[:1])  # the level that fits, and nothing past it
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_the_triton_backend_runs_revgru_sweeps_in_one_launch_and_a_launch_a_chunk(cell):
+    # The seam: ReversibleRNN asks its backend (revnmt.rnn.backends.Backend.persistent) once per sweep. A RevGRU
+    # stack's forward is one launch for all its steps and layers, its reverse one per chunk of weight_grad_steps
+    # steps (4: 6 steps are 2 launches); RevLSTM keeps the per-step kernels.
+    steps, batch = 6, 4
+    rnn = ReversibleRNN(cell, IN, 16, num_layers=2, slice_dim=3, buffer_backend="triton").to(DEVICE)
+    x = torch.randn(steps, batch, IN, device=DEVICE)
+    mask = torch.ones(steps, batch, dtype=torch.bool, device=DEVICE)
+    inputs = TensorInput(x)
+    with LaunchCounter() as forward:
+        tape = rnn.forward_sweep(inputs, mask)
+    with LaunchCounter() as backward:
+        rnn.backward_sweep(tape, inputs, grad_final=[torch.randn(batch, rnn.state_size, device=DEVICE)] * 2)
+    kernels = [name for name in forward.names + backward.names if name.startswith("_")]
+    if cell == "revgru":
+        assert kernels == ["_gru_forward_kernel", "_gru_reverse_kernel", "_gru_reverse_kernel"]
+    else:
+        assert "_lstm_push_kernel" in kernels and not any("forward_kernel" in name for name in kernels)
 
 
 _COMPILE = textwrap.dedent(r"""
