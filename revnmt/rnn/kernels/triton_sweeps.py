@@ -51,9 +51,11 @@ Capacity. The stack is sized before the launch (``words.stack.shape[0]`` levels)
 at a level at or above it stores nothing, still counts the tile's height, and raises ``CAPACITY_EXCEEDED``, the
 lowest error code: the host then runs the sweep again with more room (the forward is deterministic).
 
-Scope: RevGRU stacks whose buffer tiles are a power of two of at most ``TB`` rows. Layer 0's inputs are taken for
-every step at once ([T, batch, input]); the decoder's reverse, whose output gradients need attention and the loss
-per chunk of steps, and RevLSTM are not done here.
+Scope: RevGRU stacks whose buffer tiles are a power of two of at most 32 rows, on at most 16 lanes
+(:meth:`TritonSweeps.supports`; the triton backend asks it, :meth:`revnmt.rnn.backends.Backend.persistent`). Layer
+0's inputs are taken for every step at once ([T, batch, input]). A stack whose outputs get gradients from outside
+(the decoder's attention and loss) is reversed a step per launch: the gradient of step t's output needs the state
+after step t, which exists only once the later steps are undone. RevLSTM keeps the per-step kernels.
 """
 
 from __future__ import annotations
