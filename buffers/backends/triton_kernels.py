@@ -113,8 +113,9 @@ def _outside_int32(value, valid):
 
 @triton.jit
 def _record(status, bad, code):
-    """The error code so far, raised to ``code`` where any of ``bad`` is set (codes: buffers.words)."""
-    return tl.maximum(status, tl.max(tl.where(bad, code, 0), axis=0))
+    """The error code so far, raised to ``code`` where any of ``bad`` (a block of any rank) is set (codes:
+    buffers.words)."""
+    return tl.maximum(status, tl.max(tl.where(bad, code, 0)))
 
 
 # ---------------------------------------------------------------------------- the lanes
@@ -153,6 +154,23 @@ def _flag_byte(flags_ptr, push, tiles):
 
 
 @triton.jit
+def store_flag(flags_ptr, push, tiles, overflow, mask):
+    """Write push ``push``'s overflow bit of the tiles' columns of flags at ``flags_ptr`` (one tile's, or a block of
+    pointers: one per tile, where ``mask``), keeping the byte's other pushes' bits."""
+    flag, bit = _flag_byte(flags_ptr, push, tiles)
+    byte = tl.load(flag, mask=mask, other=0).to(tl.int32)
+    tl.store(flag, ((byte & ~(1 << bit)) | (overflow.to(tl.int32) << bit)).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def load_flag(flags_ptr, push, tiles, mask):
+    """Push ``push``'s overflow bit of the tiles' columns at ``flags_ptr`` (see :func:`store_flag`): the pop's
+    decision, made by the push, so nothing is reduced again."""
+    flag, bit = _flag_byte(flags_ptr, push, tiles)
+    return ((tl.load(flag, mask=mask, other=0).to(tl.int32) >> bit) & 1) != 0
+
+
+@triton.jit
 def open_tile(top_ptr, batch, tile_rows):
     """A kernel's start: its tile (first row, rows), the tile's stack height, and its error code (none yet)."""
     first, rows = tile_rows_of(batch, tile_rows)
@@ -188,6 +206,42 @@ def _pop_lanes(before, zq, active, cur):
     b1 = cur * zq + r
     value = tl.where(active, q * FORGET_ONE + (b1 & (FORGET_ONE - 1)), before)
     return value, tl.where(active, b1 >> FORGET_RADIX, cur)
+
+
+@triton.jit
+def lane_full(cur, valid, live):
+    """The lanes that make their tile push its words: active ones whose live word could overflow on the next
+    multiply (see buffers.words). A tile pushes when any of its lanes is full: the caller reduces over the tile."""
+    return valid & live & (cur >= WORD_LIMIT)
+
+
+@triton.jit
+def push_chunk(hv, zq, ui, active, valid, cur, overflow):
+    """A chunk's lanes once their tile decided (``overflow``: the live words were stacked and start from zero):
+    Algorithm 1, then + u. Returns (the new h, zero where it left int32; the new live words; where it left)."""
+    product, cur = _push_lanes(hv, zq, active, tl.where(overflow, 0, cur))
+    value = product + ui
+    bad = _outside_int32(value, valid)
+    return tl.where(bad, 0, value), cur, bad
+
+
+@triton.jit
+def pop_chunk(hv, zq, ui, active, valid, cur):
+    """The inverse of :func:`push_chunk` before its tile's word is restored: (the previous h; the live words as
+    they were after the stacking, if any; where h − u left int32)."""
+    before = hv - ui
+    bad = _outside_int32(before, valid)
+    value, cur = _pop_lanes(tl.where(bad, 0, before), zq, active, cur)
+    return value, cur, bad
+
+
+@triton.jit
+def floor_update(hv, zq, ui, live, valid):
+    """A stored column's update, which skips the buffer: floor(h·z*/2^R_Z) + u on live lanes. Returns (the new h,
+    zero where it left int32; where it left)."""
+    value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
+    bad = _outside_int32(value, valid)
+    return tl.where(bad, 0, value), bad
 
 
 @triton.jit
@@ -233,9 +287,7 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
         b = first + r
         live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, ok, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs,
                                                  min_numerator, GATES)
-        value = tl.where(live, (hv >> FORGET_RADIX) * zq, hv) + ui
-        bad = _outside_int32(value, ok)
-        value = tl.where(bad, 0, value)
+        value, bad = floor_update(hv, zq, ui, live, ok)
         tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=ok)
         if FLOAT:
             tl.store(float_ptr + b * width + col, to_float(value), mask=ok)
@@ -253,10 +305,9 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
             lane, lane_ok, valid, r, col = _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK)
             cur = tl.load(curr_ptr + words + lane, mask=lane_ok, other=0)
             live = _live(mask_ptr, m_rs, m_cs, first + r, col, valid)
-            full = tl.maximum(full, tl.where(valid & live & (cur >= WORD_LIMIT), 1, 0))
+            full = tl.maximum(full, tl.where(lane_full(cur, valid, live), 1, 0))
         overflow = tl.max(full, axis=0) > 0
-        flag, bit = _flag_byte(flags_ptr, first_flag + c, tiles)
-        tl.store(flag, ((tl.load(flag).to(tl.int32) & ~(1 << bit)) | (overflow.to(tl.int32) << bit)).to(tl.uint8))
+        store_flag(flags_ptr, first_flag + c, tiles, overflow, True)
         for block in range(0, rows * lanes, LANE_BLOCK):
             lane, lane_ok, valid, r, col = _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK)
             b = first + r
@@ -266,11 +317,8 @@ def push_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out
             cur = tl.load(curr_ptr + words + lane, mask=lane_ok, other=0)
             tl.store(stack_ptr + tl.minimum(top, capacity) * level + words + lane, cur,
                      mask=tl.where(overflow, lane_ok, False))
-            product, cur = _push_lanes(hv, zq, active, tl.where(overflow, 0, cur))
+            value, cur, bad = push_chunk(hv, zq, ui, active, valid, cur, overflow)
             tl.store(curr_ptr + words + lane, cur, mask=lane_ok)
-            value = product + ui
-            bad = _outside_int32(value, valid)
-            value = tl.where(bad, 0, value)
             tl.store(out_ptr + b * out_rs + col, value.to(tl.int32), mask=valid)
             if FLOAT:
                 tl.store(float_ptr + b * width + col, to_float(value), mask=valid)
@@ -311,18 +359,15 @@ def pop_walk(terms, args, h_ptr, h_rs, h_cs, mask_ptr, m_rs, m_cs, out_ptr, out_
     chunks = tl.cdiv(buffered, lanes)
     for back in range(0, chunks):
         c = chunks - 1 - back
-        flag, bit = _flag_byte(flags_ptr, first_flag + c, tiles)
-        overflow = ((tl.load(flag).to(tl.int32) >> bit) & 1) != 0  # the push's decision: no reduction to redo
+        overflow = load_flag(flags_ptr, first_flag + c, tiles, True)
         for block in range(0, rows * lanes, LANE_BLOCK):
             lane, lane_ok, valid, r, col = _lane_columns(c, block, rows, lanes, buffered, stored, LANE_BLOCK)
             b = first + r
             live, zq, ui, bad_term, hv = _lane_terms(terms, args, b, col, valid, h_ptr, h_rs, h_cs, mask_ptr, m_rs,
                                                      m_cs, min_numerator, GATES)
             active = valid & live
-            before = hv - ui
-            bad = _outside_int32(before, valid)
-            value, cur = _pop_lanes(tl.where(bad, 0, before), zq, active,
-                                    tl.load(curr_ptr + words + lane, mask=lane_ok, other=0))
+            value, cur, bad = pop_chunk(hv, zq, ui, active, valid, tl.load(curr_ptr + words + lane, mask=lane_ok,
+                                                                           other=0))
             below = tl.load(stack_ptr + (top - 1) * level + words + lane, mask=tl.where(overflow, lane_ok, False),
                             other=0)
             tl.store(curr_ptr + words + lane, tl.where(overflow, below, cur), mask=lane_ok)
@@ -487,6 +532,7 @@ def _lanes_mask(h: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
 __all__ = [
     "COMPILE_OPTIONS", "FORGET_ONE", "FORGET_RADIX", "HIDDEN_SCALE", "INT32_MAX", "INT32_MIN", "OUT_OF_RANGE",
     "STATE_OVERFLOW", "TERM_OVERFLOW", "TO_FLOAT", "WORD_LIMIT", "TritonBackend", "close_tile", "elements",
-    "fixed_terms", "launch_options", "lost_table", "open_tile", "pop_walk", "push_walk", "walk_launch",
-    "tile_rows_of", "to_float",
+    "fixed_terms", "floor_update", "lane_full", "launch_options", "load_flag", "lost_table", "open_tile",
+    "pop_chunk", "pop_walk", "push_chunk", "push_walk", "store_flag", "walk_launch", "tile_rows_of",
+    "to_float",
 ]

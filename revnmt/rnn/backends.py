@@ -46,14 +46,21 @@ class Backend:
     #: ``module:attribute`` of the fused half-steps, imported on first use (numba compiles, and triton is
     #: absent from CPU installs without the gpu extra); None: the cells' torch reference.
     kernels: str | None
+    #: ``module:attribute`` of persistent sweep kernels (a stack's forward sweep in one launch, its reverse in one per
+    #: chunk of steps), which run the sweeps they support in place of the half-steps; None: none.
+    sweeps: str | None = None
 
     @functools.cached_property
     def steps(self) -> StepKernels | None:
         """The fused half-steps, or None: the cells' torch reference."""
-        if self.kernels is None:
-            return None
-        module, attribute = self.kernels.split(":")
-        return getattr(importlib.import_module(module, __package__), attribute)
+        return _imported(self.kernels)
+
+    def persistent(self, rnn, buffer: InformationBuffer | None):
+        """The persistent sweep kernels that run ``rnn``'s sweeps over ``buffer`` on this backend, or None (the
+        half-steps run them): the one place a stack asks, for its forward sweep and again for its backward sweep,
+        which must be the same kernels' (the states' low bits are their products')."""
+        sweeps = _imported(self.sweeps)
+        return sweeps if sweeps is not None and sweeps.supports(rnn, buffer) else None
 
     @functools.cached_property
     def buffer(self) -> BufferBackend:
@@ -70,11 +77,20 @@ class Backend:
         return _registered, (self.name,)  # pickled by name: one object per backend in every process
 
 
+def _imported(name: str | None):
+    """The object ``module:attribute`` names (a module of this package's), or None for None."""
+    if name is None:
+        return None
+    module, attribute = name.split(":")
+    return getattr(importlib.import_module(module, __package__), attribute)
+
+
 # What a layer adds to each backend of buffers.backends.NAMES, the one list of them.
 _ADDED = {
     "numba": dict(lanes=3, weight_grad_steps=1, kernels=".kernels.numba_steps:NUMBA_STEPS"),
     "torch": dict(lanes=16, weight_grad_steps=4, kernels=None),
-    "triton": dict(lanes=16, weight_grad_steps=4, kernels=".kernels.triton_steps:TRITON_STEPS"),
+    "triton": dict(lanes=16, weight_grad_steps=4, kernels=".kernels.triton_steps:TRITON_STEPS",
+                   sweeps=".kernels.triton_sweeps:TRITON_SWEEPS"),
 }
 _REGISTRY = {name: Backend(name, **_ADDED[name]) for name in backends.NAMES}
 

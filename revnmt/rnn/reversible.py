@@ -296,6 +296,11 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=None if buffer is not None else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
+        persistent = backend.persistent(self, buffer)
+        if persistent is not None:
+            tape.states, tape.slices = persistent.forward(self, inputs.steps(0, steps), mask, states, tape.dropout,
+                                                          buffer)
+            return tape
         weights = [SweepWeights(cell) for cell in self.cells]
         sweeps = [Sweep(buffer, backend.steps, weights[layer], self.stored_columns(layer), tape.guard)
                   for layer in range(self.num_layers)]
@@ -336,7 +341,12 @@ class ReversibleRNN(nn.Module):
                              "inference) and cannot be reversed")
         try:
             with exact_float32(tape.mask.device):
-                grads = BackwardSweep(self, tape, inputs, grad_final, output_grads, slice_grad).run()
+                persistent = tape.backend.persistent(self, tape.buffer)
+                if persistent is not None:
+                    grads = persistent.backward(self, tape, inputs, grad_final, output_grads, slice_grad,
+                                                tape.backend.weight_grad_steps)
+                else:
+                    grads = BackwardSweep(self, tape, inputs, grad_final, output_grads, slice_grad).run()
         except (BufferError, FixedPointOverflowError) as err:
             # A wrong reconstruction drives the state or the buffer out of range before the end.
             raise ReversalError(f"reversal went off the exact path ({err}); gradients would be wrong") from err

@@ -136,10 +136,26 @@ def gru_update(args, b, j, valid):
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, s_ptr, s_rs, slope = args
     sz = tl.load(s_ptr + b * s_rs + j, mask=valid, other=0.0)
-    g = tanh(tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0)
-              + tl.load(p_gates_ptr + b * p_gates_rs + j, mask=valid, other=0.0))
+    z, u, g = gru_terms(tl.load(pre_ptr + b * pre_rs + j, mask=valid, other=0.0),
+                        tl.load(p_gates_ptr + b * p_gates_rs + j, mask=valid, other=0.0), sz, slope)
+    return z, u, g, sz
+
+
+@triton.jit
+def gru_terms(pre_g, p_g, sz, slope):
+    """RevGRU's (z, u, g) from g's recurrent product, g's projection and σ of z's pre-activation, wherever they
+    come from: loaded (:func:`gru_update`) or computed in registers (the persistent sweeps of .triton_sweeps)."""
+    g = tanh(pre_g + p_g)
     z = _restrict(sz, slope)
-    return z, (1.0 - z) * g, g, sz
+    return z, (1.0 - z) * g, g
+
+
+@triton.jit
+def gru_backward(grad, zq, live, z, g, sz, prev, slope):
+    """The derivative of RevGRU's update at a lane, from d loss / d the new h: (d loss / d the previous h,
+    d loss / d z's pre-activation, d loss / d g's pre-activation). ``prev`` is the previous h as a float."""
+    grad, grad_u = _backward_update(grad, zq, live)
+    return grad, (grad_u * prev - grad_u * g) * slope * sz * (1.0 - sz), grad_u * (1.0 - z) * (1.0 - g * g)
 
 
 @triton.jit
@@ -289,11 +305,11 @@ def _gru_reverse_kernel(h_ptr, h_rs, pre_g_ptr, pre_g_rs, p_g_ptr, p_g_rs, s_ptr
             grad = tl.load(grad_ptr + b * grad_rs + j, mask=ok, other=0.0)
             if GRAD_OUT:
                 grad += tl.load(grad_out_ptr + b * grad_out_rs + j, mask=ok, other=0.0)
-            grad, grad_u = _backward_update(grad, zq, live)
-            tl.store(grad_ptr + b * grad_rs + j, grad, mask=ok)
-            tl.store(grad_g_ptr + b * grad_zg_rs + j, grad_u * (1.0 - z) * (1.0 - g * g), mask=ok)
             prev = to_float(tl.load(prev_ptr + b * prev_rs + j, mask=ok, other=0))
-            tl.store(grad_z_ptr + b * grad_zg_rs + j, (grad_u * prev - grad_u * g) * slope * sz * (1.0 - sz), mask=ok)
+            grad, grad_z, grad_g = gru_backward(grad, zq, live, z, g, sz, prev, slope)
+            tl.store(grad_ptr + b * grad_rs + j, grad, mask=ok)
+            tl.store(grad_g_ptr + b * grad_zg_rs + j, grad_g, mask=ok)
+            tl.store(grad_z_ptr + b * grad_zg_rs + j, grad_z, mask=ok)
             if FLOAT and not POP:  # else the pop wrote it
                 tl.store(float_ptr + b * half + j, prev, mask=ok)
 

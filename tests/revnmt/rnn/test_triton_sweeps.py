@@ -1,0 +1,277 @@
+"""The persistent RevGRU sweeps (revnmt.rnn.kernels.triton_sweeps), in Triton's interpreter on CPU tensors where
+there is no GPU, so the shapes are tiny: 20 sentences in buffer tiles of 8 (the last partial) and programs of 16
+rows, so a program holds two tiles and one program only a partial tile; padding; 2 layers of halves of 24 units on
+12 lanes (2 chunks a half), a stored slice of 5 columns; z's biases pushed down so that z sits at the forget limit
+and the tiles overflow.
+
+- The reverse rebuilds the initial states bit for bit and empties the buffer.
+- Given the products the sweep computes (a test kernel calls its product functions on the same blocks), the
+  per-step kernels' walk makes the same states, slices, words, flags and heights: the push order and each tile's
+  decision are the buffer's.
+- The gradients match the torch backend's reversal of the same model (its products are oneDNN's, so its states
+  differ in their lowest bits: the gradients agree to float tolerance, not bit for bit).
+- The kernels compile ahead of time for sm_80 and sm_90 without spilling a register.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HAS_CUDA, HAS_TRITON, assert_same_words
+from test_reversible import _assert_close
+
+from buffers import ForgetLimit, InformationBuffer, backends, to_float
+from revnmt.profiling.launches import LaunchCounter
+from revnmt.rnn import ReversibleRNN
+from revnmt.rnn.cells import SweepWeights
+from revnmt.rnn.inputs import TensorInput
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from buffers.backends.triton_kernels import COMPILE_OPTIONS
+    from revnmt.rnn.kernels import triton_sweeps as ts
+    from revnmt.rnn.kernels.triton_steps import TRITON_STEPS
+
+    @triton.jit
+    def _products_kernel(x_ptr, x_rs, n_in, w_in_ptr, b_ptr, read_ptr, w_rec_ptr, work_ptr, pre_g_ptr, p_g_ptr, batch,
+                         half, lanes, stored, TB: tl.constexpr, LANES_P2: tl.constexpr, BLOCK_J: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+        """A half's gates and g's products as the forward sweep computes them (its functions, its blocks): σ(z),
+        σ(r) and r·h_j into ``work``, g's recurrent product and projection into ``pre_g`` and ``p_g`` [batch, half]."""
+        rows = tl.program_id(0) * TB + tl.arange(0, TB)
+        ts._gates_phase(x_ptr, x_rs, n_in, w_in_ptr, b_ptr, read_ptr, 2 * half, w_rec_ptr, work_ptr, rows, batch,
+                        half, TB, BLOCK_J, BLOCK_K)
+        zeros = tl.zeros((TB, LANES_P2), dtype=tl.float32)
+        k = tl.arange(0, LANES_P2)
+        buffered = half - stored
+        for block in range(0, tl.cdiv(stored, LANES_P2) + tl.cdiv(buffered, lanes)):
+            c = block - tl.cdiv(stored, LANES_P2)
+            chunk = c >= 0
+            cols = tl.where(chunk, stored + c * lanes + k, block * LANES_P2 + k)
+            ok = tl.where(chunk, (k < lanes) & (c * lanes + k < buffered), cols < stored)
+            pre_g, p_g = ts._g_products(x_ptr, x_rs, n_in, w_in_ptr, b_ptr, w_rec_ptr, work_ptr, rows, cols, batch,
+                                        half, zeros, BLOCK_K)
+            at = rows[:, None] * half + cols[None, :]
+            ok = (rows[:, None] < batch) & ok[None, :]
+            tl.store(pre_g_ptr + at, pre_g, mask=ok)
+            tl.store(p_g_ptr + at, p_g, mask=ok)
+
+
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+BATCH, IN, HIDDEN, LAYERS, STEPS, SLICE, TILE, LANES = 20, 7, 48, 2, 6, 5, 8, 12
+HALF = HIDDEN // 2
+LIMIT = ForgetLimit(3)
+
+
+def _problem(seed=0, dropout=True):
+    """A stack near the forget limit, its inputs, a mask with padding, dropout masks and initial states."""
+    torch.manual_seed(seed)
+    rnn = ReversibleRNN("revgru", IN, HIDDEN, num_layers=LAYERS, slice_dim=SLICE, buffer_lanes=16, buffer_tile=TILE,
+                        buffer_backend="torch").to(DEVICE)
+    with torch.no_grad():
+        for cell in rnn.cells:
+            for zr in cell.zr:
+                zr.bias[:HALF] -= 3.0  # σ(z) mostly below 2^-3: z at the limit, 3 bits a lane and push
+    x = torch.randn(STEPS, BATCH, IN, device=DEVICE)
+    lengths = torch.randint(1, STEPS + 1, (BATCH,))
+    lengths[0] = STEPS
+    mask = (torch.arange(STEPS)[:, None] < lengths[None, :]).to(DEVICE)
+    drop = torch.ones(LAYERS, BATCH, HIDDEN, device=DEVICE)
+    if dropout:
+        drop[1:] = torch.bernoulli(torch.full((LAYERS - 1, BATCH, HIDDEN), 0.8, device=DEVICE)) / 0.8
+    initial = torch.randint(-(1 << 22), 1 << 22, (LAYERS, BATCH, HIDDEN), dtype=torch.int32, device=DEVICE)
+    return rnn, x, mask, drop, initial
+
+
+def _buffer(levels=40):
+    """A triton buffer with a fixed room of ``levels`` stack levels, as a sweep gets it."""
+    return InformationBuffer(BATCH, LANES, DEVICE, LIMIT, backend=backends.resolve("triton", DEVICE), tile_rows=TILE,
+                             levels=levels, eager_checks=False)
+
+
+def _weights(rnn, grads=False):
+    sweep = [SweepWeights(cell, grads=grads) for cell in rnn.cells]
+    return sweep, ts.StackWeights.of(sweep)
+
+
+def _reverse(weights, sweep, x, mask, state, grads, drop, buf, slices, initial, slice_grad, chunk):
+    """The reverse sweep a chunk of steps per launch, last chunk first, the weights' gradients reduced per chunk;
+    returns d loss / d x."""
+    slots = ts.ReverseSlots.empty(LAYERS, chunk, BATCH, HALF, DEVICE)
+    grad_x = torch.zeros_like(x)
+    for start in reversed(range(0, STEPS, chunk)):
+        stop = min(start + chunk, STEPS)
+        ts.gru_reverse_sweep(weights, x[start:stop], mask, state, grads, drop, buf, LIMIT, slices, initial[-1],
+                             slice_grad, start, stop, slots)
+        grad_x[start:stop] = slots.accumulate(sweep, stop - start, x[start:stop])
+    return grad_x
+
+
+def test_the_reverse_rebuilds_the_initial_states_and_empties_the_buffer():
+    rnn, x, mask, drop, initial = _problem()
+    sweep, weights = _weights(rnn, grads=True)
+    buf, state = _buffer(), initial.clone()
+    slices = ts.gru_forward_sweep(weights, x, mask, state, drop, buf, LIMIT, SLICE)
+    buf.check()
+    heights = buf.words.heights()
+    assert min(heights) > 0 and buf.words.overflows().any(0).all()  # every tile overflowed, the partial one too
+    assert not torch.equal(state, initial)
+    grads = torch.randn(LAYERS, BATCH, HIDDEN, device=DEVICE)
+    slice_grad = torch.randn(slices.shape, device=DEVICE)
+    _reverse(weights, sweep, x, mask, state, grads, drop, buf, slices, initial, slice_grad, chunk=4)
+    assert torch.equal(state, initial)
+    assert buf.is_empty() and buf.words.heights() == [0] * buf.words.tiles and int(buf.words.status) == 0
+
+
+def test_the_sweep_makes_the_per_step_kernels_words():
+    rnn, x, mask, drop, initial = _problem(1)
+    sweep, weights = _weights(rnn)
+    ours, state = _buffer(), initial.clone()
+    slices = ts.gru_forward_sweep(weights, x, mask, state, drop, ours, LIMIT, SLICE)
+    ref, ref_state = _buffer(), initial.clone()
+    options = ts._options(BATCH, TILE, LANES)
+    blocks = {name: options[name] for name in ("TB", "LANES_P2", "BLOCK_J", "BLOCK_K")}
+    grid = (triton.cdiv(BATCH, options["TB"]),)
+    work = torch.empty(BATCH, 3 * HALF, device=DEVICE)
+    for t in range(STEPS):
+        for layer in range(LAYERS):
+            if layer == 0:
+                inp, w_in = x[t], weights.w_in0
+            else:
+                inp, w_in = to_float(ref_state[layer - 1]) * drop[layer], weights.w_in[layer - 1]
+            for i in (0, 1):
+                stored = ts._stored(layer, LAYERS, i, HALF, SLICE)
+                pre_g, p_g = (torch.empty(BATCH, HALF, device=DEVICE) for _ in range(2))
+                _products_kernel[grid](
+                    inp, inp.shape[1], inp.shape[1], w_in[i * 3 * HALF:], weights.bias[layer, i * 3 * HALF:],
+                    ref_state[layer, :, (1 - i) * HALF:], weights.w_rec[layer, i], work, pre_g, p_g, BATCH, HALF,
+                    LANES, stored, **blocks, **COMPILE_OPTIONS)
+                h = ref_state[layer, :, i * HALF: (i + 1) * HALF]
+                out = torch.empty_like(h)
+                TRITON_STEPS.gru_push(ref, h, pre_g, p_g, 0, work[:, : 2 * HALF].contiguous(), mask[t], stored,
+                                      LIMIT, out)
+                h.copy_(out)
+        assert torch.equal(slices[t], ref_state[-1, :, :SLICE]), f"step {t}"
+    assert torch.equal(state, ref_state)
+    assert max(ours.heights()) > 0
+    assert_same_words(ours, ref)
+
+
+def test_the_gradients_match_the_torch_reversal():
+    rnn, x, mask, drop, initial = _problem(2)
+    grad_final = torch.randn(LAYERS, BATCH, HIDDEN, device=DEVICE)
+    slice_grad = torch.randn(STEPS, BATCH, SLICE, device=DEVICE)
+    dropout = [None] + [drop[layer] for layer in range(1, LAYERS)]
+
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask, initial=list(initial.clone()), dropout=dropout)
+    want_init = rnn.backward_sweep(tape, inputs, grad_final=list(grad_final), slice_grad=slice_grad)
+    want = {name: p.grad.clone() for name, p in rnn.named_parameters()}
+    rnn.zero_grad(set_to_none=True)
+
+    sweep, weights = _weights(rnn, grads=True)
+    buf, state, grads = _buffer(), initial.clone(), grad_final.clone()
+    slices = ts.gru_forward_sweep(weights, x, mask, state, drop, buf, LIMIT, SLICE)
+    grad_x = _reverse(weights, sweep, x, mask, state, grads, drop, buf, slices, initial, slice_grad, chunk=4)
+    for collected in sweep:
+        collected.flush()
+    assert torch.equal(state, initial) and buf.is_empty()
+    for name, p in rnn.named_parameters():
+        _assert_close(p.grad, want[name])
+    _assert_close(grad_x, inputs.grad)
+    _assert_close(grads, torch.stack(want_init))
+
+
+def test_a_full_room_counts_the_heights_and_stores_nothing_past_it():
+    # A push past the fixed room stores nothing and counts the height: the sweep's end reads how much room it
+    # needed (settle), and the levels that fitted hold the words they would have held.
+    rnn, x, mask, drop, initial = _problem()
+    _, weights = _weights(rnn)
+    full, state = _buffer(), initial.clone()
+    ts.gru_forward_sweep(weights, x, mask, state, drop, full, LIMIT, SLICE)
+    buf, state = _buffer(levels=1), initial.clone()
+    ts.gru_forward_sweep(weights, x, mask, state, drop, buf, LIMIT, SLICE)
+    assert buf.words.heights() == full.words.heights() and max(buf.words.heights()) > 1  # counted all the same
+    assert buf.settle() == [max(full.words.heights())] and buf.capacity == 1
+    assert torch.equal(buf.words.stack[:1], full.words.stack[:1])  # the level that fits
+    assert not buf.words.stack[1].any()  # and nothing in the spare level above it
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_the_triton_backend_runs_revgru_sweeps_in_one_launch_and_a_launch_a_chunk(cell):
+    # The seam: ReversibleRNN asks its backend (revnmt.rnn.backends.Backend.persistent) once per sweep. A RevGRU
+    # stack's forward is one launch for all its steps and layers, its reverse one per chunk of weight_grad_steps
+    # steps (4: 6 steps are 2 launches); RevLSTM keeps the per-step kernels.
+    steps, batch = 6, 4
+    rnn = ReversibleRNN(cell, IN, 16, num_layers=2, slice_dim=3, buffer_backend="triton").to(DEVICE)
+    x = torch.randn(steps, batch, IN, device=DEVICE)
+    mask = torch.ones(steps, batch, dtype=torch.bool, device=DEVICE)
+    inputs = TensorInput(x)
+    with LaunchCounter() as forward:
+        tape = rnn.forward_sweep(inputs, mask)
+    with LaunchCounter() as backward:
+        rnn.backward_sweep(tape, inputs, grad_final=[torch.randn(batch, rnn.state_size, device=DEVICE)] * 2)
+    kernels = [name for name in forward.names + backward.names if name.startswith("_")]
+    if cell == "revgru":
+        assert kernels == ["_gru_forward_kernel", "_gru_reverse_kernel", "_gru_reverse_kernel"]
+    else:
+        assert "_lstm_push_kernel" in kernels and not any("forward_kernel" in name for name in kernels)
+
+
+_COMPILE = textwrap.dedent(r"""
+    import sys
+
+    from ptxas_log import compile_reported
+
+    from revnmt.rnn.kernels import triton_sweeps as ts
+
+    INTS = {"state", "slices", "initial", "status"}
+    BOOLS, BYTES, LONGS, DOUBLES = {"mask"}, {"flags"}, {"curr", "stack", "top"}, {"lost", "lost_table"}
+
+
+    def arg_type(name):
+        if not name.endswith("_ptr"):
+            return "fp32" if name == "slope" else "i32"
+        base = name[:-4]
+        for names, kind in ((INTS, "*i32"), (BOOLS, "*i1"), (BYTES, "*u8"), (LONGS, "*i64"), (DOUBLES, "*fp64")):
+            if base in names:
+                return kind
+        return "*fp32"
+
+
+    spilled = []
+    arch = int(sys.argv[1])
+    # (batch, lanes): Multi30K (hidden 300, 150 units a half on 15 lanes) and IWSLT (hidden 600, 300 on 16), each at
+    # a small batch (programs of 16 rows) and a large one (32 rows). The sizes are arguments, not constants: what
+    # a shape changes in the compiled kernel is its program's rows.
+    for shape, batch, lanes in (("multi30k", 64, 15), ("multi30k", 8192, 15), ("iwslt", 64, 16),
+                                ("iwslt", 8192, 16)):
+        options = ts._options(batch, 8, lanes)
+        values = {name: options.pop(name) for name in ("TILE_ROWS", "TB", "LANES_P2", "BLOCK_J", "BLOCK_K")}
+        for kernel, extra in ((ts._gru_forward_kernel, {}), (ts._gru_reverse_kernel, {"SLICE_GRAD": True})):
+            constants = dict(values, **extra)
+            signature = {name: "constexpr" if name in constants else arg_type(name) for name in kernel.arg_names}
+            variant = f"sm_{arch} {shape} B={batch} TB={values['TB']} {kernel.fn.__name__}"
+            compiled = compile_reported(kernel, signature, constants, arch, options, variant, spilled)
+    assert not spilled, "registers spill:\n" + "\n".join(spilled)
+""")
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_sweep_kernels_compile_for_the_gpu(arch):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[3]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
+                            timeout=900)
+    print(result.stdout)  # registers and spills per kernel and shape (pytest -rP shows them)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count(f"sm_{arch}") == 8
