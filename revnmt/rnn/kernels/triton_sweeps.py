@@ -482,18 +482,20 @@ class StackWeights:
         return self.w_rec.shape[0]
 
 
-def program_rows(batch: int, tile_rows: int) -> int:
-    """Rows per program: 32 once a batch makes enough programs to fill a GPU (128 of them), else 16 (tl.dot's
-    least), so that a small batch still spreads over several programs; always whole buffer tiles. Not 64, the
-    design study's prototype's tile: this kernel holds more (the stack's projections and the reverse's input
-    gradient), and at 64 rows its 8 warps spill in the reverse (255 registers, 180 to 270 bytes; 16 warps get 128
-    registers and spill more). See :func:`_options` for the figures at 16 and 32."""
+def program_rows(tile_rows: int) -> int:
+    """Rows per program: 16 (tl.dot's least), or a buffer tile of 32; always whole buffer tiles. As few rows as
+    tl.dot takes, so that every batch spreads over as many programs as it can: 4 at B = 64, 512 at B = 8,192, each
+    streaming the weights from L2 (at larger tiles each would stream them for more rows). Not 64, the design
+    study's prototype's tile: this kernel holds more (the stack's projections and the reverse's input gradient), and
+    at 64 rows its 8 warps spill in the reverse (255 registers, 180 to 270 bytes; 16 warps get 128 registers and
+    spill more). See :func:`_options` for the figures at 16 and 32. (The batch's size does not choose: a sentence's
+    bits then do not depend on it.)"""
     if tile_rows & (tile_rows - 1) or tile_rows > 32:
         raise ValueError(f"the persistent sweeps need buffer tiles of a power of two up to 32 rows, got {tile_rows}")
-    return max(32 if batch >= 32 * 128 else 16, tile_rows)
+    return max(16, tile_rows)
 
 
-def _options(batch: int, tile_rows: int, lanes: int) -> dict:
+def _options(tile_rows: int, lanes: int) -> dict:
     """Constexprs and launch options of both sweeps' kernels, the same for both (the blocks set the products' bits).
 
     8 warps, the K loops not software-pipelined (``num_stages=1``) and ptxas allowed every register a thread can
@@ -504,7 +506,7 @@ def _options(batch: int, tile_rows: int, lanes: int) -> dict:
     the other programs' latency is not there to hide a load's, which is the price of no spills."""
     if lanes > MAX_LANES:
         raise ValueError(f"the persistent sweeps take at most {MAX_LANES} buffer lanes, got {lanes}")
-    return dict(TILE_ROWS=tile_rows, TB=program_rows(batch, tile_rows), LANES_P2=MAX_LANES, num_warps=8, num_stages=1,
+    return dict(TILE_ROWS=tile_rows, TB=program_rows(tile_rows), LANES_P2=MAX_LANES, num_warps=8, num_stages=1,
                 maxnreg=255, **_BLOCKS, **COMPILE_OPTIONS)
 
 
@@ -531,7 +533,7 @@ def gru_forward_sweep(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor
     half, layers = weights.half, weights.layers
     words = buffer.words
     plan = buffer.plan_push(*_updates(steps, layers, half, slice_dim), limit=limit)
-    options = _options(batch, words.tile_rows, words.lanes)
+    options = _options(words.tile_rows, words.lanes)
     grid = (triton.cdiv(batch, options["TB"]),)
     slices = torch.empty(steps, batch, slice_dim, dtype=torch.int32, device=state.device)
     work = torch.empty(batch, 3 * half, device=state.device)
@@ -607,7 +609,7 @@ def gru_reverse_sweep(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor
     words = buffer.words
     plan = buffer.plan_pop(*_updates(stop - start, layers, half, slice_dim), limit=limit)
     last_flag = words.pushes - 1  # the pops mirror the last pushes, the last of them first
-    options = _options(batch, words.tile_rows, words.lanes)
+    options = _options(words.tile_rows, words.lanes)
     grid = (triton.cdiv(batch, options["TB"]),)
     work = torch.empty(batch, 3 * half, device=state.device)
     _gru_reverse_kernel[grid](

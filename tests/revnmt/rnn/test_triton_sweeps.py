@@ -137,7 +137,7 @@ def test_the_sweep_makes_the_per_step_kernels_words():
     ours, state = _buffer(), initial.clone()
     slices = ts.gru_forward_sweep(weights, x, mask, state, drop, ours, LIMIT, SLICE)
     ref, ref_state = _buffer(), initial.clone()
-    options = ts._options(BATCH, TILE, LANES)
+    options = ts._options(TILE, LANES)
     blocks = {name: options[name] for name in ("TB", "LANES_P2", "BLOCK_J", "BLOCK_K")}
     grid = (triton.cdiv(BATCH, options["TB"]),)
     work = torch.empty(BATCH, 3 * HALF, device=DEVICE)
@@ -249,17 +249,16 @@ _COMPILE = textwrap.dedent(r"""
 
     spilled = []
     arch = int(sys.argv[1])
-    # (batch, lanes): Multi30K (hidden 300, 150 units a half on 15 lanes) and IWSLT (hidden 600, 300 on 16), each at
-    # a small batch (programs of 16 rows) and a large one (32 rows). The sizes are arguments, not constants: what
-    # a shape changes in the compiled kernel is its program's rows.
-    for shape, batch, lanes in (("multi30k", 64, 15), ("multi30k", 8192, 15), ("iwslt", 64, 16),
-                                ("iwslt", 8192, 16)):
-        options = ts._options(batch, 8, lanes)
+    # (tile, lanes): Multi30K (hidden 300, 150 units a half on 15 lanes) and IWSLT (hidden 600, 300 on 16), in
+    # buffer tiles of 8 (the default: programs of 16 rows) and of 32 (programs of 32 rows). The sizes are arguments,
+    # not constants: what a shape changes in the compiled kernel is its program's rows.
+    for shape, tile, lanes in (("multi30k", 8, 15), ("multi30k", 32, 15), ("iwslt", 8, 16), ("iwslt", 32, 16)):
+        options = ts._options(tile, lanes)
         values = {name: options.pop(name) for name in ("TILE_ROWS", "TB", "LANES_P2", "BLOCK_J", "BLOCK_K")}
         for kernel, extra in ((ts._gru_forward_kernel, {}), (ts._gru_reverse_kernel, {"SLICE_GRAD": True})):
             constants = dict(values, **extra)
             signature = {name: "constexpr" if name in constants else arg_type(name) for name in kernel.arg_names}
-            variant = f"sm_{arch} {shape} B={batch} TB={values['TB']} {kernel.fn.__name__}"
+            variant = f"sm_{arch} {shape} tile={tile} TB={values['TB']} {kernel.fn.__name__}"
             compiled = compile_reported(kernel, signature, constants, arch, options, variant, spilled)
     assert not spilled, "registers spill:\n" + "\n".join(spilled)
 """)
