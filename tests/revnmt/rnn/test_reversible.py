@@ -201,7 +201,7 @@ def test_a_tile_of_sentences_never_depends_on_the_rest_of_the_batch(cell, backen
 
 @pytest.mark.parametrize("backend", _STEP_BACKENDS + ["triton"])
 @pytest.mark.parametrize("cell", ["revgru", "revlstm"])
-def test_a_sweep_that_outgrows_its_room_runs_again_to_the_same_bits(cell, backend, monkeypatch):
+def test_a_sweep_that_outgrows_its_room_runs_again_to_the_same_bits(cell, backend):
     # A stack that has learned nothing and keeps no spare level gives its buffer no room: the first overflow
     # outgrows it, the pushes go on storing nothing, and the sweep runs again with the room it turned out to need.
     # What it hands the reverse (states, slices, words, flags, heights) and what the reverse computes are those of
@@ -211,9 +211,8 @@ def test_a_sweep_that_outgrows_its_room_runs_again_to_the_same_bits(cell, backen
     steps, layers = ((12 if cell == "revgru" else 8), 1) if backend == "triton" else (12, 2)
     rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, layers, steps, buffer_backend=backend, buffer_tile=2,
                                                    buffer_lanes=1, max_forget_bits=5)
-    monkeypatch.setattr(buffers.room, "SPARE_LEVELS", 0)
     runs = []
-    for room in (StackRoom(levels_per_push=1.0), StackRoom()):  # a level a push is room no sweep outgrows
+    for room in (StackRoom(levels_per_push=1.0), StackRoom(spare=0)):  # a level a push is room no sweep outgrows
         rnn.stack_room = room
         tape = rnn.forward_sweep(TensorInput(x), mask)
         words = tape.buffer.words
