@@ -1,49 +1,65 @@
-"""RevGRU sweeps as persistent Triton kernels: one launch for a stack's whole forward sweep, one per chunk of steps
-for its reverse (issue #44, docs: gpu-design-study §3).
+"""RevGRU and RevLSTM sweeps as persistent Triton kernels: one launch for a stack's whole forward sweep, one per
+chunk of steps for its reverse (issue #44, docs: gpu-design-study §3).
 
-Why. The per-step kernels (:mod:`.triton_steps`) launch three kernels per layer, half and step, so a small batch's
+Why. The per-step kernels (:mod:`.triton_steps`) launch a few kernels per layer, half and step, so a small batch's
 step is bound by the host's launches, not by the GPU. Here a program owns ``TB`` sentences (:func:`program_rows`)
 for the whole sweep and runs, step after step, what those launches ran: every product of its rows (``tl.dot`` from
 the weights in global memory, which stay in L2), the gates and the buffer's walk. Nothing couples the programs: a
 buffer tile's overflow decision is a reduction over that tile's lanes only (:mod:`buffers.words`), and a program's
 rows are whole buffer tiles (``TB`` is a multiple of ``tile_rows``; ``tl.dot`` needs at least 16 rows, and tiles
 default to 8), so no program waits for another and there is no grid-wide barrier. A program's live words stay in
-registers for the whole launch: every push of a step (every layer, half and chunk) lands on the same lanes of its
-rows.
+registers for the whole launch: every push of a step (every layer, half, update and chunk) lands on the same lanes
+of its rows.
+
+One kernel a sweep for both cells. The two cells differ only in a half's updates; the walk around them is one: the
+program's books (:func:`_open_program`, :func:`_close_program`), the layers' inputs and weights
+(:func:`_layer_source`, :func:`_half_source`), the products (:func:`_gate`), and a buffered update's pushes
+(:func:`_push_update`) and pops (:func:`_pop_update`). An update is a pair of ``triton.jit`` functions passed to the
+walk, its terms (z, u, and what its derivative needs, computed by :mod:`.triton_steps`' own gate functions from
+products computed here) and its derivative; ``LSTM`` (a constexpr) picks the cell's pairs, so each cell compiles
+only its own code. RevGRU's half is one update (h), after a gates phase; RevLSTM's is two (c, then h, which reads
+the new c).
 
 Push order. Inside a program the sweep runs in the buffer's order, time-major: step t, then layer, then half, then
-chunk, the order in which :meth:`revnmt.rnn.ReversibleRNN.forward_sweep` pushes with per-step kernels. That is why a
+update, then chunk, the order in which :meth:`revnmt.rnn.ReversibleRNN.forward_sweep` pushes with per-step
+kernels (a RevLSTM half pushes all of c's chunks, then all of h's, as ``_lstm_push_kernel`` does). That is why a
 whole stack is one launch: layer 1's step t needs layer 0's step t, and the live words carry from one push to the
 next whatever layer made it, so a launch per layer would push in another order and make other words. The pushes'
 flags and heights are those of the per-step walk; the reverse pops them in the mirror order (t down, top layer first,
-half 1 first, last chunk first).
+half 1 first, RevLSTM's h before its c, last chunk first).
 
 What runs in the kernel, per layer and half, for the program's rows:
 
-1. the gates phase (:func:`_gates_phase`): σ of z and r, from the layer input's projection and h_j's recurrent
+1. RevGRU's gates phase (:func:`_gates_phase`): σ of z and r, from the layer input's projection and h_j's recurrent
    product, and r·h_j, into a program-private work area (``work``, [batch, 3·half]: g's product reads r·h_j of every
-   unit of a row, which other threads computed: a barrier follows);
-2. the update, a block of columns at a time: the stored columns (the top layer's attention slice skips the buffer),
-   then the buffered chunks, each a [TB, lanes] block of g's products (:func:`_g_gates`) pushed through the tiles'
-   walk (:func:`~buffers.backends.triton_kernels.push_chunk`), the state updated in place.
+   unit of a row, which other threads computed: a barrier follows). RevLSTM has none: each of its gates is a
+   product of h_j and the layer input, which no update of the half changes.
+2. each update, a block of columns at a time: the stored columns (the top layer's attention slice skips the
+   buffer; RevLSTM's c stores none), then the buffered chunks, each a [TB, lanes] block of its gates' products
+   pushed through the tiles' walk (:func:`~buffers.backends.triton_kernels.push_chunk`), the state updated in
+   place. RevLSTM computes f, g and i for c's blocks and o and p for h's: the five [TB, 16] gate tiles a half that
+   the design study counts against the registers, split between the two updates, so a block holds three at most
+   (the register figures: :func:`_options`).
 
 Layer l's input projection is computed in the kernel too, from the layer below's new state (layer 0's from the
 sweep's inputs): it is a product like the others, and it cannot be computed before the launch for l > 0.
 
-The reverse (one launch per chunk of steps, :func:`gru_reverse_sweep`) runs the same gates phase and the same
-:func:`_g_gates` on the same rows with the same blocks, so every gate is the forward's bit for bit, pops each chunk
+The reverse (one launch per chunk of steps, :func:`reverse_sweep`) computes every gate with the same functions on
+the same rows and blocks, so each is the forward's bit for bit, pops each chunk
 (:func:`~buffers.backends.triton_kernels.pop_chunk`, the push's flag read back instead of a reduction redone), and
-backpropagates the half elementwise (:func:`~.triton_steps.gru_backward`) and through its recurrent and input
-products (``tl.dot`` again). What is a reduction over the batch, the weights' gradients, is not summed in the
-kernel (atomics would make it nondeterministic): the kernel writes each step's pre-activation gradients and
-products' inputs into slots, and the host reduces a chunk of steps per weight with one product each, as
-:class:`~.cells.RecurrentGrads` does for the per-step kernels.
+backpropagates each update elementwise (:func:`~.triton_steps.gru_backward`, or RevLSTM's
+:func:`~.triton_steps.lstm_hidden_backward`, which adds d loss / d the new c through tanh(c) to c's gradient, then
+:func:`~.triton_steps.lstm_cell_backward`) and the half through its recurrent and input products (``tl.dot``
+again). What is a reduction over the batch, the weights' gradients, is not summed in the kernel (atomics would make
+it nondeterministic): the kernel writes each step's pre-activation gradients and products' inputs into slots, and the
+host reduces a chunk of steps per weight with one product each, as :class:`~.cells.RecurrentGrads` does for the
+per-step kernels.
 
 Exactness. The products are ``tl.dot`` in IEEE float32 (no TF32) summed ``BLOCK_K`` at a time in the tile's own
 order (:func:`~.triton_steps._linear_tile`), with one set of blocks (``_BLOCKS``) in both sweeps; no FMA contraction
 (``COMPILE_OPTIONS``); the gates are :mod:`.triton_steps`' own functions. The projections are the kernel's, not
-cuBLAS's or oneDNN's, so a persistent sweep's states are its own, as a fused run's are (the per-step path's g
-product and projections are torch products): the same buffer layout and push order, other low bits. Its reverse is
+cuBLAS's or oneDNN's, so a persistent sweep's states are its own, as a fused run's are (the per-step path's
+products and projections are torch products): the same buffer layout and push order, other low bits. Its reverse is
 exact all the same, since both sweeps compute every gate with the same code. The tests (tests/revnmt/rnn/
 test_triton_sweeps.py) check the walk against the per-step kernels fed the products this module computes.
 
@@ -52,11 +68,11 @@ that would stack a word at a level at or above it stores nothing and still count
 end reads the heights (:meth:`~buffers.InformationBuffer.settle`) and runs the sweep again with more room (the
 forward is deterministic).
 
-Scope: RevGRU stacks whose buffer tiles are a power of two of at most 32 rows, on at most 16 lanes
+Scope: RevGRU and RevLSTM stacks whose buffer tiles are a power of two of at most 32 rows, on at most 16 lanes
 (:meth:`TritonSweeps.supports`; the triton backend asks it, :meth:`revnmt.rnn.backends.Backend.persistent`). Layer
 0's inputs are taken for every step at once ([T, batch, input]). A stack whose outputs get gradients from outside
 (the decoder's attention and loss) is reversed a step per launch: the gradient of step t's output needs the state
-after step t, which exists only once the later steps are undone. RevLSTM keeps the per-step kernels.
+after step t, which exists only once the later steps are undone.
 """
 
 from __future__ import annotations
@@ -697,9 +713,11 @@ def _options(tile_rows: int, lanes: int) -> dict:
     8 warps, the K loops not software-pipelined (``num_stages=1``) and ptxas allowed every register a thread can
     have (``maxnreg=255``): with Triton's three stages the operand prefetches pushed the reverse at 32 rows to 255
     registers and a spill on sm_80, and without the explicit limit ptxas capped some variants at 128 registers and
-    spilled. So set, the forward takes 164 to 206 registers and the reverse 196 to 244, none spilled, on sm_80 and
-    sm_90 (tests/revnmt/rnn/test_triton_sweeps.py prints them). One program of 8 warps then fills an SM's registers:
-    the other programs' latency is not there to hide a load's, which is the price of no spills."""
+    spilled. So set, none spills on sm_80 or sm_90 (tests/revnmt/rnn/test_triton_sweeps.py prints the figures),
+    registers a thread at 16 rows (32 rows): RevGRU's forward 160–162 (200–204), its reverse 195–198 (234–252);
+    RevLSTM's forward 184–187 (226–228), its reverse 225–226 (240–255: at 32 rows on sm_80 the reverse takes every
+    register there is, with no room left). One program of 8 warps then fills an SM's registers: the other programs'
+    latency is not there to hide a load's, which is the price of no spills."""
     if lanes > MAX_LANES:
         raise ValueError(f"the persistent sweeps take at most {MAX_LANES} buffer lanes, got {lanes}")
     return dict(TILE_ROWS=tile_rows, TB=program_rows(tile_rows), LANES_P2=MAX_LANES, num_warps=8, num_stages=1,
