@@ -1,15 +1,17 @@
 """The persistent sweeps (revnmt.rnn.kernels.triton_sweeps) of RevGRU and RevLSTM stacks, in Triton's interpreter on
 CPU tensors where there is no GPU, so the shapes are tiny: 20 sentences in buffer tiles of 8 (the last partial) and
 programs of 16 rows, so a program holds two tiles and one program only a partial tile; padding; 2 layers of halves of
-24 units on 12 lanes (2 chunks an update), a stored slice of 5 columns; the forget gates' biases pushed down (RevGRU's
-z, RevLSTM's f and p) so that they sit at the forget limit and the tiles overflow.
+16 units on 8 lanes (of the 16 a program's blocks hold), a stored slice of 5 columns (2 chunks an update, a partial
+one beside the slice); the forget gates' biases pushed down (RevGRU's z, RevLSTM's f and p) so that they sit at the
+forget limit and the tiles overflow.
 
 - The reverse rebuilds the initial states bit for bit and empties the buffer.
 - Given the products the sweep computes (a test kernel calls its product functions on the same blocks), the
   per-step kernels' walk makes the same states, slices, words, flags and heights: the push order (RevLSTM's c, then
   h, per half) and each tile's decision are the buffer's.
-- The gradients match the torch backend's reversal of the same model (its products are oneDNN's, so its states
-  differ in their lowest bits: the gradients agree to float tolerance, not bit for bit).
+- The gradients match the torch backend's reversal of the same model on a buffer of the same lanes (its products are
+  oneDNN's, so its states differ in their lowest bits: the gradients agree to float tolerance, not bit for bit; on
+  other lanes the live words, which feed every push, would move the low bits further).
 - The kernels compile ahead of time for sm_80 and sm_90 without spilling a register.
 """
 
@@ -73,7 +75,7 @@ if HAS_TRITON:
 
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-BATCH, IN, HIDDEN, LAYERS, STEPS, SLICE, TILE, LANES = 20, 7, 48, 2, 6, 5, 8, 12
+BATCH, IN, HIDDEN, LAYERS, STEPS, SLICE, TILE, LANES = 20, 7, 32, 2, 6, 5, 8, 8
 HALF = HIDDEN // 2
 LIMIT = ForgetLimit(3)
 CELLS = ["revgru", "revlstm"]
@@ -82,7 +84,7 @@ CELLS = ["revgru", "revlstm"]
 def _problem(cell, seed=0, dropout=True):
     """A stack near the forget limit, its inputs, a mask with padding, dropout masks and initial states."""
     torch.manual_seed(seed)
-    rnn = ReversibleRNN(cell, IN, HIDDEN, num_layers=LAYERS, slice_dim=SLICE, buffer_lanes=16, buffer_tile=TILE,
+    rnn = ReversibleRNN(cell, IN, HIDDEN, num_layers=LAYERS, slice_dim=SLICE, buffer_lanes=LANES, buffer_tile=TILE,
                         buffer_backend="torch").to(DEVICE)
     with torch.no_grad():  # σ(forget) mostly below 2^-3: z at the limit, 3 bits a lane and push
         for lin in rnn.cells[0].linears() + rnn.cells[1].linears():
@@ -171,6 +173,7 @@ def _per_step_half(cell, ref, ref_state, layer, i, inp, w_in, weights, mask, sto
 @pytest.mark.parametrize("cell", CELLS)
 def test_the_sweep_makes_the_per_step_kernels_words(cell):
     rnn, x, mask, drop, initial = _problem(cell, 1)
+    x, mask = x[:4], mask[:4]  # 4 steps: the reference walk is slow in the interpreter
     sweep, weights = _weights(rnn)
     ours, state = _buffer(), initial.clone()
     slices = ts.forward_sweep(weights, x, mask, state, drop, ours, LIMIT, SLICE)
@@ -179,7 +182,7 @@ def test_the_sweep_makes_the_per_step_kernels_words(cell):
     blocks = {name: options[name] for name in ("TB", "LANES_P2", "BLOCK_J", "BLOCK_K")}
     grid = (triton.cdiv(BATCH, options["TB"]),)
     work = torch.empty(BATCH, 3 * HALF, device=DEVICE)
-    for t in range(STEPS):
+    for t in range(len(mask)):
         for layer in range(LAYERS):
             if layer == 0:
                 inp, w_in = x[t], weights.w_in0
