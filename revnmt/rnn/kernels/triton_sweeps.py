@@ -114,7 +114,7 @@ from .triton_steps import (
     sigmoid,
 )
 
-#: Columns a g-product block takes: a chunk's lanes, padded to a power of two (at most 16 lanes: revnmt's default).
+#: Columns a gate-product block takes: a chunk's lanes, padded to a power of two (at most 16 lanes: revnmt's default).
 MAX_LANES = 16
 #: Units per gates block and inner dimension per tl.dot: 16 and 16 keep a program's products in the registers of a
 #: thread on sm_80 and sm_90 (more spilled in the design study's prototype; tests/revnmt/rnn/test_triton_sweeps.py
@@ -300,8 +300,9 @@ def _gru_diff(args, acts, grad, grad_at, pre_at, zq, live, prev, valid):
 
 @triton.jit
 def _lstm_cell_terms(args, rows, cols, valid, zeros, BLOCK_K: tl.constexpr):
-    """RevLSTM's c-update: f's, g's and i's products (``args`` = (src, slope, the new h's rows' c)), then
-    :func:`~.triton_steps.lstm_cell_terms`; acts (σ(f), tanh(g), σ(i))."""
+    """RevLSTM's c-update: f's, g's and i's products (``args`` = (src, slope, c_rows), the args of both RevLSTM
+    updates: ``c_rows`` points at the rows' c_i, which h's terms read), then :func:`~.triton_steps.lstm_cell_terms`;
+    acts (σ(f), tanh(g), σ(i))."""
     src, slope, c_rows = args
     pre_f, p_f = _gate(src, 0, rows, cols, zeros, BLOCK_K)
     pre_g, p_g = _gate(src, 1, rows, cols, zeros, BLOCK_K)
