@@ -544,7 +544,8 @@ def _add_read_grad(src, pre_ptr, pre_rs, inner, grad_j, grad_rs, slot_ptr, rows,
                    BLOCK_K: tl.constexpr):
     """d loss / d h_j += the half's first ``inner`` pre-activation gradient columns (``pre``, row stride
     ``pre_rs``) times the matching rows of its recurrent weight (RevGRU's z and r, RevLSTM's five gates), and h_j
-    into its weight-gradient slot ``slot`` [batch, half]."""
+    into its weight-gradient slot ``slot`` [batch, half]: a loop of its own, which the product's registers need
+    (copied beside the product, RevGRU's reverse took 10 registers more at 32 rows on sm_80)."""
     x, x_rs, n_in, w_in, b, read_ptr, read_rs, w_rec, batch, half = src
     for j0 in range(0, half, BLOCK_J):
         units = j0 + tl.arange(0, BLOCK_J)
@@ -553,6 +554,9 @@ def _add_read_grad(src, pre_ptr, pre_rs, inner, grad_j, grad_rs, slot_ptr, rows,
         total = _linear_tile(tl.load(at, mask=ok, other=0.0), pre_ptr, pre_rs, w_rec, 1, half, rows, units, batch,
                              half, inner, BLOCK_K)
         tl.store(at, total, mask=ok)
+    for j0 in range(0, half, BLOCK_J):
+        units = j0 + tl.arange(0, BLOCK_J)
+        ok = (rows[:, None] < batch) & (units[None, :] < half)
         read = to_float(tl.load(read_ptr + rows[:, None] * read_rs + units[None, :], mask=ok, other=0))
         tl.store(slot_ptr + rows[:, None] * half + units[None, :], read, mask=ok)
     tl.debug_barrier()
@@ -715,8 +719,8 @@ def _options(tile_rows: int, lanes: int) -> dict:
     have (``maxnreg=255``): with Triton's three stages the operand prefetches pushed the reverse at 32 rows to 255
     registers and a spill on sm_80, and without the explicit limit ptxas capped some variants at 128 registers and
     spilled. So set, none spills on sm_80 or sm_90 (tests/revnmt/rnn/test_triton_sweeps.py prints the figures),
-    registers a thread at 16 rows (32 rows): RevGRU's forward 160–162 (200–204), its reverse 195–198 (234–252);
-    RevLSTM's forward 184–187 (226–228), its reverse 225–226 (240–255: at 32 rows on sm_80 the reverse takes every
+    registers a thread at 16 rows (32 rows): RevGRU's forward 160–162 (200–204), its reverse 195–198 (234–242);
+    RevLSTM's forward 184–187 (226–228), its reverse 225–226 (244–255: at 32 rows on sm_80 the reverse takes every
     register there is, with no room left). One program of 8 warps then fills an SM's registers: the other programs'
     latency is not there to hide a load's, which is the price of no spills."""
     if lanes > MAX_LANES:
