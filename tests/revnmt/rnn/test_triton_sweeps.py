@@ -1,9 +1,9 @@
 """The persistent sweeps (revnmt.rnn.kernels.triton_sweeps) of RevGRU and RevLSTM stacks, in Triton's interpreter on
 CPU tensors where there is no GPU, so the shapes are tiny: 20 sentences in buffer tiles of 8 (the last partial) and
 programs of 16 rows, so a program holds two tiles and one program only a partial tile; padding; 2 layers of halves of
-16 units on 8 lanes (of the 16 a program's blocks hold), a stored slice of 5 columns (2 chunks an update, a partial
-one beside the slice); the forget gates' biases pushed down (RevGRU's z, RevLSTM's f and p) so that they sit at the
-forget limit and the tiles overflow.
+20 units (a block of 16 and a ragged one, in the units and in the products' sums) on 10 lanes (of the 16 a program's
+blocks hold), a stored slice of 5 columns (2 chunks an update, a partial one beside the slice); the forget gates'
+biases pushed down (RevGRU's z, RevLSTM's f and p) so that they sit at the forget limit and the tiles overflow.
 
 - The reverse rebuilds the initial states bit for bit and empties the buffer.
 - Given the products the sweep computes (a test kernel calls its product functions on the same blocks), the
@@ -75,7 +75,7 @@ if HAS_TRITON:
 
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-BATCH, IN, HIDDEN, LAYERS, STEPS, SLICE, TILE, LANES = 20, 7, 32, 2, 6, 5, 8, 8
+BATCH, IN, HIDDEN, LAYERS, STEPS, SLICE, TILE, LANES = 20, 7, 40, 2, 6, 5, 8, 10
 HALF = HIDDEN // 2
 LIMIT = ForgetLimit(3)
 CELLS = ["revgru", "revlstm"]
@@ -206,6 +206,7 @@ def test_the_gradients_match_the_torch_reversal(cell):
 
     inputs = TensorInput(x)
     tape = rnn.forward_sweep(inputs, mask, initial=list(initial.clone()), dropout=dropout)
+    assert tape.buffer.words.lanes == LANES  # the sweep's layout: the live words feed every push
     want_init = rnn.backward_sweep(tape, inputs, grad_final=list(grad_final), slice_grad=slice_grad)
     want = {name: p.grad.clone() for name, p in rnn.named_parameters()}
     rnn.zero_grad(set_to_none=True)
