@@ -356,6 +356,32 @@ def _lstm_hidden_diff(args, acts, grad, grad_at, pre_at, zq, live, prev, valid):
 
 
 @triton.jit
+def _stored_block(j0, stored, row_ok, k):
+    """The columns of a block of an update's stored ones, from ``j0`` on, and which of them are the rows'."""
+    cols = j0 + k
+    return cols, row_ok[:, None] & (cols < stored)[None, :]
+
+
+@triton.jit
+def _chunk_block(c, stored, buffered, lanes, row_ok, k):
+    """The columns of an update's buffered chunk ``c`` (``lanes`` of them after the ``stored`` ones; a block holds
+    LANES_P2), and which of them are the rows' lanes."""
+    j = c * lanes + k
+    return stored + j, row_ok[:, None] & ((k < lanes) & (j < buffered))[None, :]
+
+
+@triton.jit
+def _block_terms(terms, args, h_rows, rows, cols, valid, live_rows, min_numerator, zeros, BLOCK_K: tl.constexpr):
+    """An update at a block of columns: its live lanes, its integer terms (z*, fixed-point u, where u left int32:
+    :func:`~buffers.backends.triton_kernels.fixed_terms`), what its derivative needs (``terms``' acts) and the
+    state there (int64)."""
+    live = valid & live_rows[:, None]
+    z, u, acts = terms(args, rows, cols, valid, zeros, BLOCK_K)
+    zq, ui, bad_term = fixed_terms(z, u, live, valid, min_numerator)
+    return live, zq, ui, bad_term, acts, tl.load(h_rows + cols[None, :], mask=valid, other=0).to(tl.int64)
+
+
+@triton.jit
 def _push_update(terms, args, h_rows, stored, walk, geo, live_rows, books, lost_table_ptr, capacity, zeros,
                  TB: tl.constexpr, TILE_ROWS: tl.constexpr, LANES_P2: tl.constexpr, BLOCK_K: tl.constexpr):
     """One buffered update of a half for the program's rows, as the per-step walk runs it: h ← z·h + u at
@@ -368,24 +394,17 @@ def _push_update(terms, args, h_rows, stored, walk, geo, live_rows, books, lost_
     rows, row_ok, tile, tiles, head, k, lane_ok, words, level = geo
     stack_ptr, flags_ptr, half, lanes, min_numerator = books
     for j0 in range(0, stored, LANES_P2):  # the stored columns: the floor product, no buffer
-        cols = j0 + k
-        valid = row_ok[:, None] & (cols < stored)[None, :]
-        live = valid & live_rows[:, None]
-        z, u, _ = terms(args, rows, cols, valid, zeros, BLOCK_K)
-        zq, ui, bad_term = fixed_terms(z, u, live, valid, min_numerator)
-        value, bad = floor_update(tl.load(h_rows + cols[None, :], mask=valid, other=0).to(tl.int64), zq, ui, live,
-                                  valid)
+        cols, valid = _stored_block(j0, stored, row_ok, k)
+        live, zq, ui, bad_term, _, hv = _block_terms(terms, args, h_rows, rows, cols, valid, live_rows,
+                                                     min_numerator, zeros, BLOCK_K)
+        value, bad = floor_update(hv, zq, ui, live, valid)
         tl.store(h_rows + cols[None, :], value.to(tl.int32), mask=valid)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
     buffered = half - stored
     for c in range(0, tl.cdiv(buffered, lanes)):  # the buffered chunks, in the walk's order
-        j = c * lanes + k
-        cols = stored + j
-        valid = row_ok[:, None] & ((k < lanes) & (j < buffered))[None, :]
-        live = valid & live_rows[:, None]
-        z, u, _ = terms(args, rows, cols, valid, zeros, BLOCK_K)
-        zq, ui, bad_term = fixed_terms(z, u, live, valid, min_numerator)
-        hv = tl.load(h_rows + cols[None, :], mask=valid, other=0).to(tl.int64)
+        cols, valid = _chunk_block(c, stored, buffered, lanes, row_ok, k)
+        live, zq, ui, bad_term, _, hv = _block_terms(terms, args, h_rows, rows, cols, valid, live_rows,
+                                                     min_numerator, zeros, BLOCK_K)
         # The tile's decision: a reduction over its own lanes, before any word of the chunk changes.
         overflow = _tile_any(tl.max(lane_full(cur, valid, live).to(tl.int32), axis=1), TB, TILE_ROWS)
         store_flag(flags_ptr + tile, push, tiles, overflow, head)
@@ -478,14 +497,9 @@ def _pop_update(terms, diff, args, h_rows, grad_rows, pre_rows, stored, restore,
     buffered = half - stored
     chunks = tl.cdiv(buffered, lanes)
     for c_back in range(0, chunks):
-        c = chunks - 1 - c_back
-        j = c * lanes + k
-        cols = stored + j
-        valid = row_ok[:, None] & ((k < lanes) & (j < buffered))[None, :]
-        live = valid & live_rows[:, None]
-        z, u, acts = terms(args, rows, cols, valid, zeros, BLOCK_K)
-        zq, ui, bad_term = fixed_terms(z, u, live, valid, min_numerator)
-        hv = tl.load(h_rows + cols[None, :], mask=valid, other=0).to(tl.int64)
+        cols, valid = _chunk_block(chunks - 1 - c_back, stored, buffered, lanes, row_ok, k)
+        live, zq, ui, bad_term, acts, hv = _block_terms(terms, args, h_rows, rows, cols, valid, live_rows,
+                                                        min_numerator, zeros, BLOCK_K)
         overflow = load_flag(flags_ptr + tile, push, tiles, row_ok)  # the push's decision
         value, cur, bad = pop_chunk(hv, zq, ui, live, valid, cur)
         below = tl.load(stack_ptr + (top - 1)[:, None] * level + words, mask=lane_ok & overflow[:, None], other=0)
@@ -501,11 +515,9 @@ def _pop_update(terms, diff, args, h_rows, grad_rows, pre_rows, stored, restore,
         tl.store(grad_at, grad, mask=valid)
     before, initial, first_step = restore
     for j0 in range(0, stored, LANES_P2):  # the stored columns: restored from where they were kept
-        cols = j0 + k
-        valid = row_ok[:, None] & (cols < stored)[None, :]
-        live = valid & live_rows[:, None]
-        z, u, acts = terms(args, rows, cols, valid, zeros, BLOCK_K)
-        zq, _, _ = fixed_terms(z, u, live, valid, min_numerator)
+        cols, valid = _stored_block(j0, stored, row_ok, k)
+        live, zq, _, _, acts, _ = _block_terms(terms, args, h_rows, rows, cols, valid, live_rows, min_numerator,
+                                               zeros, BLOCK_K)
         first = tl.where(first_step, valid, False)  # before step 0 the initial state's columns
         prev = (tl.load(before + cols[None, :], mask=valid & ~first, other=0)
                 + tl.load(initial + cols[None, :], mask=first, other=0))
