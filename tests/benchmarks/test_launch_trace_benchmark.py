@@ -48,15 +48,14 @@ def test_small_run_writes_a_record_per_model_batch_and_length(tmp_path):
         assert r["host_reads"] == 0 and all(s["host_reads"] == 0 and s["host_reads_at_end"] == 1 for s in r["sweeps"])
         assert r["host_reads_at_sweep_ends"] == 4 <= r["host_reads_in_step"] and r["reruns"] == 0
         assert sum(g["launches"] for g in r["grids"]) == r["triton_launches"]
-        # RevGRU's sweeps run by the persistent kernels (revnmt.rnn.kernels.triton_sweeps), RevLSTM's by steps.
-        assert {g["kernel"] for g in r["grids"]} == ({"_gru_forward_kernel", "_gru_reverse_kernel"}
-                                                     if r["rnn"] == "revgru"
-                                                     else {"_lstm_push_kernel", "_lstm_reverse_kernel"})
+        # Both cells' sweeps run by the persistent kernels (revnmt.rnn.kernels.triton_sweeps).
+        assert {g["kernel"] for g in r["grids"]} == {"_forward_kernel", "_reverse_kernel"}
     # The grids follow the batch, the number of launches the length.
     by_key = {(r["rnn"], r["length"], r["batch"]): r for r in records}
-    assert by_key["revgru", 3, 40]["max_programs"] > by_key["revgru", 3, 2]["max_programs"]
-    assert by_key["revgru", 5, 2]["triton_launches"] > by_key["revgru", 3, 2]["triton_launches"]
-    assert by_key["revlstm", 3, 40]["triton_launches"] == by_key["revlstm", 3, 2]["triton_launches"]
+    for rnn in ("revgru", "revlstm"):
+        assert by_key[rnn, 3, 40]["max_programs"] > by_key[rnn, 3, 2]["max_programs"]
+        assert by_key[rnn, 5, 2]["triton_launches"] > by_key[rnn, 3, 2]["triton_launches"]
+        assert by_key[rnn, 3, 40]["triton_launches"] == by_key[rnn, 3, 2]["triton_launches"]
 
 
 @pytest.mark.parametrize("rnn", ["revgru", pytest.param("revlstm", marks=pytest.mark.slow)])

@@ -177,9 +177,17 @@ def lstm_cell_update(args, b, j, valid):
         u = torch.sigmoid(i) * torch.tanh(g)
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope = args
-    sf = sigmoid(_lstm_pre(args, b, j, valid))
-    g = tanh(_lstm_pre(args, b, half + j, valid))
-    ig = sigmoid(_lstm_pre(args, b, 2 * half + j, valid))
+    return lstm_cell_terms(_lstm_pre(args, b, j, valid), _lstm_pre(args, b, half + j, valid),
+                           _lstm_pre(args, b, 2 * half + j, valid), slope)
+
+
+@triton.jit
+def lstm_cell_terms(pre_f, pre_g, pre_i, slope):
+    """RevLSTM's c-update (z, u, σ(f), tanh(g), σ(i)) from the f, g and i pre-activations, wherever they come from:
+    loaded (:func:`lstm_cell_update`) or computed in registers (the persistent sweeps of .triton_sweeps)."""
+    sf = sigmoid(pre_f)
+    g = tanh(pre_g)
+    ig = sigmoid(pre_i)
     return _restrict(sf, slope), ig * g, sf, g, ig
 
 
@@ -194,10 +202,36 @@ def lstm_hidden_update(args, b, j, valid):
         u = torch.sigmoid(o) * torch.tanh(to_float(c))  # c: the new cell
     """
     pre_ptr, pre_rs, p_gates_ptr, p_gates_rs, half, slope, c_ptr, c_rs = args
-    o = sigmoid(_lstm_pre(args, b, 3 * half + j, valid))
-    sp = sigmoid(_lstm_pre(args, b, 4 * half + j, valid))
-    tc = tanh(to_float(tl.load(c_ptr + b * c_rs + j, mask=valid, other=0)))
+    return lstm_hidden_terms(_lstm_pre(args, b, 3 * half + j, valid), _lstm_pre(args, b, 4 * half + j, valid),
+                             tl.load(c_ptr + b * c_rs + j, mask=valid, other=0), slope)
+
+
+@triton.jit
+def lstm_hidden_terms(pre_o, pre_p, c, slope):
+    """RevLSTM's h-update (z, u, σ(o), σ(p), tanh(c)) from the o and p pre-activations and the new cell ``c``
+    (int32), wherever they come from (as :func:`lstm_cell_terms`)."""
+    o = sigmoid(pre_o)
+    sp = sigmoid(pre_p)
+    tc = tanh(to_float(c))
     return _restrict(sp, slope), o * tc, o, sp, tc
+
+
+@triton.jit
+def lstm_hidden_backward(grad, zq, live, prev, o, sp, tc, slope):
+    """The derivative of RevLSTM's h-update at a lane, from d loss / d the new h: (d loss / d the previous h, d loss
+    / d o's and p's pre-activations, and d loss / d the new c through tanh(c), which the c-update's derivative adds
+    to the cell's gradient). ``prev`` is the previous h as a float."""
+    grad, grad_u = _backward_update(grad, zq, live)
+    return (grad, grad_u * tc * o * (1.0 - o), grad_u * prev * slope * sp * (1.0 - sp),
+            grad_u * o * (1.0 - tc * tc))
+
+
+@triton.jit
+def lstm_cell_backward(grad, zq, live, prev, sf, g, ig, slope):
+    """The derivative of RevLSTM's c-update at a lane, from d loss / d the new c (h's share included): (d loss / d
+    the previous c, d loss / d f's, g's and i's pre-activations). ``prev`` is the previous c as a float."""
+    grad, grad_u = _backward_update(grad, zq, live)
+    return grad, grad_u * prev * slope * sf * (1.0 - sf), grad_u * ig * (1.0 - g * g), grad_u * g * ig * (1.0 - ig)
 
 
 @triton.jit
@@ -419,21 +453,22 @@ def _lstm_reverse_kernel(h_ptr, h_rs, c_ptr, c_rs, pre_ptr, pre_rs, p_gates_ptr,
             grad_h = tl.load(grad_h_ptr + b * grad_h_rs + j, mask=ok, other=0.0)
             if GRAD_OUT:
                 grad_h += tl.load(grad_out_ptr + b * grad_out_rs + j, mask=ok, other=0.0)
-            grad_h, grad_uh = _backward_update(grad_h, zq_h, live)
-            grad_c = tl.load(grad_c_ptr + b * grad_c_rs + j, mask=ok, other=0.0) + grad_uh * o * (1.0 - tc * tc)
-            grad_c, grad_uc = _backward_update(grad_c, zq_c, live)
-            tl.store(grad_h_ptr + b * grad_h_rs + j, grad_h, mask=ok)
-            tl.store(grad_c_ptr + b * grad_c_rs + j, grad_c, mask=ok)
             prev_c = to_float(tl.load(prev_c_ptr + b * prev_c_rs + j, mask=ok, other=0))
             prev_h = to_float(tl.load(prev_h_ptr + b * prev_h_rs + j, mask=ok, other=0))
+            grad_h, grad_o, grad_p, grad_tc = lstm_hidden_backward(grad_h, zq_h, live, prev_h, o, sp, tc, slope)
+            grad_c, grad_f, grad_g, grad_i = lstm_cell_backward(
+                tl.load(grad_c_ptr + b * grad_c_rs + j, mask=ok, other=0.0) + grad_tc, zq_c, live, prev_c, sf, g, ig,
+                slope)
+            tl.store(grad_h_ptr + b * grad_h_rs + j, grad_h, mask=ok)
+            tl.store(grad_c_ptr + b * grad_c_rs + j, grad_c, mask=ok)
             if FLOAT and not POP:  # else the pop wrote it
                 tl.store(float_ptr + b * half + j, prev_h, mask=ok)
             row = grad_pre_ptr + b * grad_pre_rs + j
-            tl.store(row, grad_uc * prev_c * slope * sf * (1.0 - sf), mask=ok)
-            tl.store(row + half, grad_uc * ig * (1.0 - g * g), mask=ok)
-            tl.store(row + 2 * half, grad_uc * g * ig * (1.0 - ig), mask=ok)
-            tl.store(row + 3 * half, grad_uh * tc * o * (1.0 - o), mask=ok)
-            tl.store(row + 4 * half, grad_uh * prev_h * slope * sp * (1.0 - sp), mask=ok)
+            tl.store(row, grad_f, mask=ok)
+            tl.store(row + half, grad_g, mask=ok)
+            tl.store(row + 2 * half, grad_i, mask=ok)
+            tl.store(row + 3 * half, grad_o, mask=ok)
+            tl.store(row + 4 * half, grad_p, mask=ok)
             tl.store(inputs_ptr + b * inputs_rs + j, tl.load(read_ptr + b * read_rs + j, mask=ok), mask=ok)
 
 
