@@ -9,6 +9,8 @@ import importlib.util
 import os
 import random
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,20 @@ def assert_same_words(a, b) -> None:
         rows = slice(tile * wa.tile_rows, (tile + 1) * wa.tile_rows)
         assert torch.equal(wa.stack[:height, rows].cpu(), wb.stack[:height, rows].cpu()), f"tile {tile}"
     assert torch.equal(wa.overflows().cpu(), wb.overflows().cpu())
+
+
+def compile_for_the_gpu(script: str, arch: int, timeout: int) -> str:
+    """Run a compile ``script`` (it imports tests/ptxas_log.py) for ``arch`` in a process of its own, where
+    ``TRITON_INTERPRET`` is unset (the kernels are decorated for one mode at import), and return what it printed
+    (registers and spills per kernel variant; pytest -rP shows them). Fails the test if the script fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]  # where the revnmt and buffers packages are
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", script, str(arch)], capture_output=True, text=True, env=env,
+                            timeout=timeout)
+    print(result.stdout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 @pytest.fixture(params=DEVICES)

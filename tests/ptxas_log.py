@@ -2,8 +2,8 @@
 
 ptxas states a kernel's registers and spills only in its verbose log, which Triton prints (to stdout) when asked;
 compiling past Triton's cache makes ptxas run, and log, every time. Imported by the compile scripts that
-tests/buffers/test_triton_kernels.py and tests/revnmt/rnn/test_triton_steps.py run in a process of their own (without
-``TRITON_INTERPRET``), with this folder on ``PYTHONPATH``.
+tests/buffers/test_triton_kernels.py, tests/revnmt/rnn/test_triton_steps.py and test_triton_sweeps.py run in a
+process of their own (``conftest.compile_for_the_gpu``: without ``TRITON_INTERPRET``, this folder on ``PYTHONPATH``).
 """
 
 import contextlib

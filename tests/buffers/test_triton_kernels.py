@@ -6,14 +6,10 @@ ptxas that the triton package ships, for the GPUs revnmt targets. It needs no GP
 where ``TRITON_INTERPRET`` is unset (the kernels are decorated for one mode at import).
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from conftest import HAS_TRITON
+from conftest import HAS_TRITON, compile_for_the_gpu
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
 
@@ -49,11 +45,5 @@ _COMPILE = textwrap.dedent(r"""
 
 @pytest.mark.parametrize("arch", [80, 90])
 def test_kernels_compile_for_the_gpu(arch):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]  # where the buffers package is, and tests/ptxas_log.py
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
-                            timeout=300)
-    print(result.stdout)  # registers and spills per kernel variant (pytest -rP shows them)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count(f"sm_{arch}") == 4
+    printed = compile_for_the_gpu(_COMPILE, arch, timeout=300)
+    assert printed.count(f"sm_{arch}") == 4

@@ -11,15 +11,11 @@ the shapes are small.
 - The kernels compile ahead of time for sm_80 and sm_90, in a process without the interpreter.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import HAS_CUDA, HAS_TRITON, assert_same_words
+from conftest import HAS_CUDA, HAS_TRITON, assert_same_words, compile_for_the_gpu
 from test_reversible import _assert_close, _autograd_grads, _problem, _reversal_grads
 
 from buffers import ForgetLimit, InformationBuffer, backends, to_float
@@ -385,11 +381,5 @@ _COMPILE = textwrap.dedent(r"""
 
 @pytest.mark.parametrize("arch", [80, 90])
 def test_step_kernels_compile_for_the_gpu(arch):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[3]  # where the revnmt and buffers packages are, and tests/ptxas_log.py
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
-                            timeout=600)
-    print(result.stdout)  # registers and spills per kernel variant (pytest -rP shows them)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count(f"sm_{arch}") == 12
+    printed = compile_for_the_gpu(_COMPILE, arch, timeout=600)
+    assert printed.count(f"sm_{arch}") == 12

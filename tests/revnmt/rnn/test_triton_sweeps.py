@@ -15,15 +15,11 @@ biases pushed down (RevGRU's z, RevLSTM's f and p) so that they sit at the forge
 - The kernels compile ahead of time for sm_80 and sm_90 without spilling a register.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import HAS_CUDA, HAS_TRITON, assert_same_words
+from conftest import HAS_CUDA, HAS_TRITON, assert_same_words, compile_for_the_gpu
 from test_reversible import _assert_close
 
 from buffers import ForgetLimit, InformationBuffer, backends, to_float
@@ -303,11 +299,5 @@ _COMPILE = textwrap.dedent(r"""
 
 @pytest.mark.parametrize("arch", [80, 90])
 def test_sweep_kernels_compile_for_the_gpu(arch):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[3]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(root / "tests"), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-c", _COMPILE, str(arch)], capture_output=True, text=True, env=env,
-                            timeout=900)
-    print(result.stdout)  # registers and spills per kernel and shape (pytest -rP shows them)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count(f"sm_{arch}") == 16
+    printed = compile_for_the_gpu(_COMPILE, arch, timeout=900)
+    assert printed.count(f"sm_{arch}") == 16
