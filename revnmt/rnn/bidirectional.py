@@ -44,10 +44,6 @@ class BidirectionalTape:
             return None
         return torch.cat([self.forward.slices, self.backward.slices.flip(0)], dim=-1)
 
-    def check(self) -> None:
-        for tape in self.directions:
-            tape.check()
-
     def held_bytes(self) -> int:
         return sum(tape.held_bytes() for tape in self.directions)
 

@@ -24,13 +24,6 @@ class Tape:
     slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
     guard: OverflowGuard | None  # range errors of an inference sweep (a buffer keeps its own)
 
-    def check(self) -> None:
-        """Raise a range error recorded on the device during the sweep (one host read)."""
-        if self.buffer is not None:
-            self.buffer.check()
-        else:
-            self.guard.check()
-
     def held_bytes(self) -> int:
         """Bytes the tape holds for the backward sweep: the buffer's reserved words and the int slices."""
         slices = 0 if self.slices is None else self.slices.numel() * self.slices.element_size()
