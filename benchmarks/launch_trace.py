@@ -1,8 +1,8 @@
 """The kernel launches of one training step and each Triton launch's grid, recorded on a CPU without a GPU.
 
     python benchmarks/launch_trace.py [--rnn revgru revlstm] [--batch 64 8192] [--lengths 25 100] [--json FILE]
-        [--run-kernels] [--layers 2] [--emb-dim 600] [--hidden-size 600] [--slice-dim 60]
-        [--src-vocab 5896] [--tgt-vocab 7886]
+        [--decoder-chunk-steps 2] [--run-kernels] [--layers 2] [--emb-dim 600] [--hidden-size 600]
+        [--slice-dim 60] [--src-vocab 5896] [--tgt-vocab 7886]
 
 Why. A reversible step on a GPU is bound by its launches at small batches (each costs the host microseconds,
 whatever it does: docs/gpu.md) and at large ones by its smallest grids: a launch of one program runs on one
@@ -13,9 +13,10 @@ that aim at them (per-tile buffer stacks, sync-free sweeps) measured without a G
 
 What. For every model (``--rnn``), batch size (``--batch``, sentences) and length (``--lengths``, tokens), one
 training step (``model.train_step``: the encoder's and the decoder's forward sweeps, the decoder's reverse with
-attention and loss by chunks, the encoder's reverse) of the IWSLT-size model on the triton backend, on CPU tensors
-(``TRITON_INTERPRET=1``), on the budget planner's synthetic batch (``revnmt.memory.budget.synthetic_batch``, every
-sentence T tokens), after a warm-up step on a tiny batch (it makes the tables the kernels read once per device).
+attention and loss by chunks of ``--decoder-chunk-steps``, the encoder's reverse) of the IWSLT-size model on the
+triton backend, on CPU tensors (``TRITON_INTERPRET=1``), on the budget planner's synthetic batch
+(``revnmt.memory.budget.synthetic_batch``, every sentence T tokens), after a warm-up step on a tiny batch (it makes
+the tables the kernels read once per device).
 :class:`~revnmt.profiling.launches.LaunchCounter` records:
 
 - launches per training step: every ATen op but views and allocations (on CUDA about one kernel launch each;
@@ -103,13 +104,14 @@ def _sweeps_noted(model, counter: LaunchCounter, reruns: Counter) -> Iterator[No
 
 
 def traced_model(rnn: str, layers: int, emb_dim: int, hidden_size: int, slice_dim: int, src_vocab: int,
-                 tgt_vocab: int):
+                 tgt_vocab: int, decoder_chunk_steps: int = ExecutionConfig.decoder_chunk_steps):
     """A reversible model with ``emb+slice`` attention on the triton backend in training mode, its buffers checking
     bad input lazily, as on CUDA."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(rnn=rnn, emb_dim=emb_dim, hidden_size=hidden_size, layers=layers,
                                     attention="emb+slice", slice_dim=slice_dim, src_vocab=src_vocab,
-                                    tgt_vocab=tgt_vocab), ExecutionConfig(buffer_backend="triton"))
+                                    tgt_vocab=tgt_vocab),
+                        ExecutionConfig(buffer_backend="triton", decoder_chunk_steps=decoder_chunk_steps))
     for rev in (module for module in model.modules() if isinstance(module, ReversibleRNN)):
         check_lazily(rev)
     return model.train()
@@ -161,19 +163,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[25], help="tokens per sentence")
     parser.add_argument("--run-kernels", action="store_true",
                         help="run the Triton kernels in the interpreter (slow: small shapes only), not only trace them")
+    parser.add_argument("--decoder-chunk-steps", type=int, default=ExecutionConfig.decoder_chunk_steps,
+                        help="decoder steps reversed before their attention and loss run (revnmt-train's option)")
     for name, default in IWSLT.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     mode = "run in Triton's interpreter" if args.run_kernels else "traced, not run"
     print(f"one training step on {cpu_name()}, {torch.get_num_threads()} threads, triton backend, kernels {mode}; "
-          f"layers {args.layers}, units {args.hidden_size}, emb+slice attention with {args.slice_dim} slice units")
+          f"layers {args.layers}, units {args.hidden_size}, emb+slice attention with {args.slice_dim} slice units, "
+          f"decoder chunks of {args.decoder_chunk_steps} steps")
     print(f"{'rnn':8s} {'B':>5s} {'T':>4s} {'launches':>9s} {'per token':>9s} {'triton':>7s} {'min prog':>9s} "
           f"{'max prog':>9s} {'host reads':>10s} {'at ends':>7s} {'reruns':>6s}", flush=True)
     sizes = {name: getattr(args, name) for name in IWSLT}
     records = []
     for rnn in args.rnn:
-        model = traced_model(rnn, **sizes)
+        model = traced_model(rnn, **sizes, decoder_chunk_steps=args.decoder_chunk_steps)
         trace_step(model, *_WARM_UP)  # the tables the kernels read, made once per device
         for length in args.lengths:
             for sentences in args.batch:
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         del model
     if args.json:
         for record in records:
-            record |= {"model": sizes, "machine": cpu_name()}
+            record |= {"model": sizes, "decoder_chunk_steps": args.decoder_chunk_steps, "machine": cpu_name()}
         args.json.write_text(json.dumps(records, indent=2) + "\n")
 
 

@@ -71,8 +71,11 @@ forward is deterministic).
 Scope: RevGRU and RevLSTM stacks whose buffer tiles are a power of two of at most 32 rows, on at most 16 lanes
 (:meth:`TritonSweeps.supports`; the triton backend asks it, :meth:`revnmt.rnn.backends.Backend.persistent`). Layer
 0's inputs are taken for every step at once ([T, batch, input]). A stack whose outputs get gradients from outside
-(the decoder's attention and loss) is reversed a step per launch: the gradient of step t's output needs the state
-after step t, which exists only once the later steps are undone.
+(the decoder's attention and loss) is reversed two launches a chunk of its ``chunk_steps`` steps: the gradient of
+step t's output needs the state after step t, which exists only once the later steps are undone, so a first launch
+undoes the chunk's steps on a copy of the state to read their outputs and leaves the buffer as it was (a *peek*:
+pops read the stack and never write it), the chunk's attention and loss run as batched products, and a second
+launch undoes and backpropagates the chunk.
 """
 
 from __future__ import annotations
@@ -228,6 +231,17 @@ def _add_rows(dst_ptr, dst_rs, src_ptr, rows, batch, width, BLOCK_J: tl.constexp
         ok = (rows[:, None] < batch) & (cols < width)[None, :]
         at = dst_ptr + rows[:, None] * dst_rs + cols[None, :]
         tl.store(at, tl.load(at, mask=ok) + tl.load(src_ptr + rows[:, None] * width + cols[None, :], mask=ok), mask=ok)
+
+
+@triton.jit
+def _copy_leading(state_ptr, width, out_ptr, rows, batch, n, BLOCK_J: tl.constexpr):
+    """The rows' first ``n`` columns of a layer's state (row stride ``width``) into ``out`` ([batch, n]): the
+    forward's slices, a peek's outputs."""
+    for j0 in range(0, n, BLOCK_J):
+        cols = j0 + tl.arange(0, BLOCK_J)
+        ok = (rows[:, None] < batch) & (cols < n)[None, :]
+        value = tl.load(state_ptr + rows[:, None] * width + cols[None, :], mask=ok)
+        tl.store(out_ptr + rows[:, None] * n + cols[None, :], value, mask=ok)
 
 
 @triton.jit
@@ -467,12 +481,8 @@ def _forward_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_pt
                                         geo, live_rows, books, lost_table_ptr, capacity, zeros, TB, TILE_ROWS,
                                         LANES_P2, BLOCK_K)
                 tl.debug_barrier()  # the next half's products read this half's new state
-        top_state = state_ptr + (layers - 1) * batch * width
-        for j0 in range(0, slice_dim, BLOCK_J):
-            cols = j0 + tl.arange(0, BLOCK_J)
-            ok = row_ok[:, None] & (cols < slice_dim)[None, :]
-            value = tl.load(top_state + rows[:, None] * width + cols[None, :], mask=ok)
-            tl.store(slices_ptr + (t * batch + rows[:, None]) * slice_dim + cols[None, :], value, mask=ok)
+        _copy_leading(state_ptr + (layers - 1) * batch * width, width, slices_ptr + t * batch * slice_dim, rows, batch,
+                      slice_dim, BLOCK_J)
     cur, top, push, lost, status = walk
     tl.store(lost_ptr + tl.program_id(0), tl.sum(lost, axis=0))
     _close_program(curr_ptr, top_ptr, status_ptr, geo, cur, top, status)
@@ -483,14 +493,14 @@ def _forward_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_pt
 
 @triton.jit
 def _pop_update(terms, diff, args, h_rows, grad_rows, pre_rows, stored, restore, walk, geo, live_rows, books, zeros,
-                LANES_P2: tl.constexpr, BLOCK_K: tl.constexpr):
+                LANES_P2: tl.constexpr, BLOCK_K: tl.constexpr, GRADS: tl.constexpr):
     """Undo and backpropagate :func:`_push_update` for the program's rows: pop the buffered chunks, last first
     (:func:`~buffers.backends.triton_kernels.pop_chunk`, the push's flag read back instead of a reduction redone),
     then restore the stored columns from ``restore`` = (the rows' slice before the step, the rows' initial state,
     whether the step is the first); at each block the update's ``diff`` turns d loss / d the new value at
     ``grad_rows`` into d loss / d the previous one and stores the gates' pre-activation gradients at ``pre_rows``.
     ``walk`` = (the live words, each row's tile's height, the flag of the push to undo, the error code), returned
-    updated; ``books`` as :func:`_push_update`'s."""
+    updated; ``books`` as :func:`_push_update`'s. Without GRADS it only undoes (a peek, see :func:`_reverse_kernel`)."""
     cur, top, push, status = walk
     rows, row_ok, tile, tiles, head, k, lane_ok, words, level = geo
     stack_ptr, flags_ptr, half, lanes, min_numerator = books
@@ -509,10 +519,11 @@ def _pop_update(terms, diff, args, h_rows, grad_rows, pre_rows, stored, restore,
         tl.store(h_rows + cols[None, :], value.to(tl.int32), mask=valid)
         status = _record(_record(status, bad_term, TERM_OVERFLOW), bad, STATE_OVERFLOW)
         status = _record(status, _outside_int32(value, live), OUT_OF_RANGE)
-        grad_at = grad_rows + cols[None, :]
-        grad = diff(args, acts, tl.load(grad_at, mask=valid, other=0.0), grad_at, pre_rows + cols[None, :], zq, live,
-                    to_float(value), valid)
-        tl.store(grad_at, grad, mask=valid)
+        if GRADS:
+            grad_at = grad_rows + cols[None, :]
+            grad = diff(args, acts, tl.load(grad_at, mask=valid, other=0.0), grad_at, pre_rows + cols[None, :], zq,
+                        live, to_float(value), valid)
+            tl.store(grad_at, grad, mask=valid)
     before, initial, first_step = restore
     for j0 in range(0, stored, LANES_P2):  # the stored columns: restored from where they were kept
         cols, valid = _stored_block(j0, stored, row_ok, k)
@@ -522,10 +533,11 @@ def _pop_update(terms, diff, args, h_rows, grad_rows, pre_rows, stored, restore,
         prev = (tl.load(before + cols[None, :], mask=valid & ~first, other=0)
                 + tl.load(initial + cols[None, :], mask=first, other=0))
         tl.store(h_rows + cols[None, :], prev, mask=valid)
-        grad_at = grad_rows + cols[None, :]
-        grad = diff(args, acts, tl.load(grad_at, mask=valid, other=0.0), grad_at, pre_rows + cols[None, :], zq, live,
-                    to_float(prev), valid)
-        tl.store(grad_at, grad, mask=valid)
+        if GRADS:
+            grad_at = grad_rows + cols[None, :]
+            grad = diff(args, acts, tl.load(grad_at, mask=valid, other=0.0), grad_at, pre_rows + cols[None, :], zq,
+                        live, to_float(prev), valid)
+            tl.store(grad_at, grad, mask=valid)
     return cur, top, push, status
 
 
@@ -576,11 +588,12 @@ def _add_read_grad(src, pre_ptr, pre_rs, inner, grad_j, grad_rs, slot_ptr, rows,
 
 @triton.jit(do_not_specialize=["last_flag", "start", "stop"])
 def _reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_ptr, mask_ptr, state_ptr, grads_ptr,
-                    slices_ptr, initial_ptr, initial_rs, slice_grad_ptr, out_grad_ptr, work_ptr, grad_pre_ptr,
-                    rec_in_ptr, layer_in_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, batch, start, stop,
-                    chunk, layers, half, lanes, slice_dim, last_flag, min_numerator, slope, LSTM: tl.constexpr,
-                    SLICE_GRAD: tl.constexpr, OUT_GRAD: tl.constexpr, TILE_ROWS: tl.constexpr, TB: tl.constexpr,
-                    LANES_P2: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+                    slices_ptr, initial_ptr, initial_rs, slice_grad_ptr, out_grad_ptr, outs_ptr, work_ptr,
+                    grad_pre_ptr, rec_in_ptr, layer_in_ptr, curr_ptr, stack_ptr, top_ptr, flags_ptr, status_ptr, batch,
+                    start, stop, chunk, layers, half, lanes, slice_dim, last_flag, min_numerator, slope,
+                    LSTM: tl.constexpr, SLICE_GRAD: tl.constexpr, OUT_GRAD: tl.constexpr, PEEK: tl.constexpr,
+                    TILE_ROWS: tl.constexpr, TB: tl.constexpr, LANES_P2: tl.constexpr, BLOCK_J: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
     """Undo and backpropagate steps ``start`` … ``stop`` − 1 of :func:`_forward_kernel`, last first, for the
     program's rows: ``state`` back to the state before ``start`` in place, ``grads`` [layers, batch, width] (d loss
     / d state) likewise; ``last_flag`` is the last push's flag. ``x`` [stop − start, batch, n_in0]: layer 0's inputs
@@ -591,7 +604,14 @@ def _reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_pt
     writes what the weights' gradients are reduced from: ``grad_pre`` [layers, chunk, batch, 2·G·half] (d loss / d
     each gate's pre-activation, also d loss / d the projection), ``rec_in`` [layers, linears, chunk, batch, half]
     (each Linear's recurrent input: RevGRU's h_j and r·h_j per half, RevLSTM's h_j) and ``layer_in`` [layers,
-    chunk, batch, hidden] (the inputs of layers > 0)."""
+    chunk, batch, hidden] (the inputs of layers > 0).
+
+    With PEEK the launch only reads what the steps' outputs were, to compute their gradients before the launch that
+    backpropagates them: it undoes the steps on ``state`` (a copy), writes the top layer's output (int32) after each
+    step t into ``outs`` [stop − start + 1, batch, hidden] at t − start + 1, and after the last undo the one at 0 (so
+    a peek at steps a … b is called with start = a + 1: the state after step a is the one it stops at), computes no
+    gradient and leaves the buffer as it found it (a pop reads the stack and never writes it, and the live words
+    and heights stay in registers)."""
     hidden = 2 * half
     gates = 3 + 2 * LSTM
     width = hidden + LSTM * hidden
@@ -602,11 +622,14 @@ def _reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_pt
     books = (stack_ptr, flags_ptr, half, lanes, min_numerator)
     zeros = tl.zeros((TB, LANES_P2), dtype=tl.float32)
     zeros_j = tl.zeros((TB, BLOCK_J), dtype=tl.float32)
+    top_state = state_ptr + (layers - 1) * batch * width
     for back in range(0, stop - start):
         t = stop - 1 - back
         s = t - start
         live_rows = tl.load(mask_ptr + t * batch + rows, mask=row_ok, other=0) != 0
         top_grad = grads_ptr + (layers - 1) * batch * width
+        if PEEK:
+            _copy_leading(top_state, width, outs_ptr + (s + 1) * batch * hidden, rows, batch, hidden, BLOCK_J)
         if OUT_GRAD:
             _add_rows(top_grad, width, out_grad_ptr + s * batch * hidden, rows, batch, hidden, BLOCK_J)
         if SLICE_GRAD:
@@ -637,24 +660,28 @@ def _reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_pt
                 if LSTM:  # pop h, then c: the mirror of the pushes
                     args = (src, slope, h_rows + hidden)
                     walk = _pop_update(_lstm_hidden_terms, _lstm_hidden_diff, args, h_rows, grad_rows, pre_rows,
-                                       stored, restore, walk, geo, live_rows, books, zeros, LANES_P2, BLOCK_K)
+                                       stored, restore, walk, geo, live_rows, books, zeros, LANES_P2, BLOCK_K,
+                                       not PEEK)
                     tl.debug_barrier()  # c's pops overwrite the cells h's read and read the gradients h's wrote
                     walk = _pop_update(_lstm_cell_terms, _lstm_cell_diff, args, h_rows + hidden, grad_rows + hidden,
-                                       pre_rows, 0, restore, walk, geo, live_rows, books, zeros, LANES_P2, BLOCK_K)
+                                       pre_rows, 0, restore, walk, geo, live_rows, books, zeros, LANES_P2, BLOCK_K,
+                                       not PEEK)
                     tl.debug_barrier()  # the products below read gradients and states other threads wrote
                     inner = gates * half
                 else:
                     _gates_phase(src, work_ptr, rows, TB, BLOCK_J, BLOCK_K)
                     walk = _pop_update(_gru_terms, _gru_diff, (_g_source(src, work_ptr), work_ptr, slope), h_rows,
                                        grad_rows, pre_rows, stored, restore, walk, geo, live_rows, books, zeros,
-                                       LANES_P2, BLOCK_K)
+                                       LANES_P2, BLOCK_K, not PEEK)
                     tl.debug_barrier()  # the products below read gradients and states other threads wrote
-                    _gru_rh_grad(src, work_ptr, pre_i, gates * hidden, grad_j, width, slot + chunk * batch * half,
-                                 rows, zeros_j, BLOCK_J, BLOCK_K)
+                    if not PEEK:
+                        _gru_rh_grad(src, work_ptr, pre_i, gates * hidden, grad_j, width, slot + chunk * batch * half,
+                                     rows, zeros_j, BLOCK_J, BLOCK_K)
                     inner = 2 * half
-                _add_read_grad(src, pre_i, gates * hidden, inner, grad_j, width, slot, rows, zeros_j, BLOCK_J,
-                               BLOCK_K)
-            if layer > 0:  # d loss / d the layer's input, into the gradient of the layer below's output
+                if not PEEK:
+                    _add_read_grad(src, pre_i, gates * hidden, inner, grad_j, width, slot, rows, zeros_j, BLOCK_J,
+                                   BLOCK_K)
+            if layer > 0 and not PEEK:  # d loss / d the layer's input, into the gradient of the layer below's output
                 below_grad = layer_grad - batch * width
                 drop = drop_ptr + layer * batch * hidden
                 for j0 in range(0, hidden, BLOCK_J):
@@ -668,7 +695,11 @@ def _reverse_kernel(x_ptr, n_in0, w_in0_ptr, w_in_ptr, b_ptr, w_rec_ptr, drop_pt
                              mask=ok)
                 tl.debug_barrier()
     cur, top, push, status = walk
-    _close_program(curr_ptr, top_ptr, status_ptr, geo, cur, top, status)
+    if PEEK:  # the buffer stays as it was: only an error is reported
+        _copy_leading(top_state, width, outs_ptr, rows, batch, hidden, BLOCK_J)
+        tl.atomic_max(status_ptr, status)
+    else:
+        _close_program(curr_ptr, top_ptr, status_ptr, geo, cur, top, status)
 
 
 # ---------------------------------------------------------------------------- the host side
@@ -730,11 +761,10 @@ def _options(tile_rows: int, lanes: int) -> dict:
     8 warps, the K loops not software-pipelined (``num_stages=1``) and ptxas allowed every register a thread can
     have (``maxnreg=255``): with Triton's three stages the operand prefetches pushed the reverse at 32 rows to 255
     registers and a spill on sm_80, and without the explicit limit ptxas capped some variants at 128 registers and
-    spilled. So set, none spills on sm_80 or sm_90 (tests/revnmt/rnn/test_triton_sweeps.py prints the figures),
-    registers a thread at 16 rows (32 rows): RevGRU's forward 160–162 (200–204), its reverse 195–198 (234–242);
-    RevLSTM's forward 184–187 (226–228), its reverse 225–226 (244–255: at 32 rows on sm_80 the reverse takes every
-    register there is, with no room left). One program of 8 warps then fills an SM's registers: the other programs'
-    latency is not there to hide a load's, which is the price of no spills."""
+    spilled. So set, none spills on sm_80 or sm_90 (tests/revnmt/rnn/test_triton_sweeps.py prints the registers;
+    docs/gpu.md#persistent-sweeps-a-stacks-sweep-in-one-launch has them), though RevLSTM's reverse at 32 rows takes
+    every register there is. One program of 8 warps then fills an SM's registers: the other programs' latency is not
+    there to hide a load's, which is the price of no spills."""
     if lanes > MAX_LANES:
         raise ValueError(f"the persistent sweeps take at most {MAX_LANES} buffer lanes, got {lanes}")
     return dict(TILE_ROWS=tile_rows, TB=program_rows(tile_rows), LANES_P2=MAX_LANES, num_warps=8, num_stages=1,
@@ -842,24 +872,48 @@ def reverse_sweep(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor, st
     (reduced by :meth:`ReverseSlots.accumulate`). ``x``: layer 0's inputs at those steps; ``slices``: what the
     forward returned; ``initial_top``: the top layer's initial state (its stored columns before step 0);
     ``slice_grad`` [steps, batch, slice_dim]: d loss / d the slices, or None; ``out_grad`` [stop − start, batch,
-    hidden]: d loss / d the top layer's outputs at those steps, or None."""
-    steps, batch = mask.shape
-    half, layers = weights.half, weights.layers
-    slice_dim = slices.shape[-1]
+    hidden]: d loss / d the top layer's outputs at those steps, or None (:func:`peek_outputs` gives the outputs)."""
+    plan = buffer.plan_pop(*_updates(stop - start, weights.layers, weights.half, slices.shape[-1], weights.lstm),
+                           limit=limit)
+    _reverse_launch(weights, x, mask, state, grads, drop, buffer, limit, slices, initial_top, start, stop, slots,
+                    slice_grad=slice_grad, out_grad=out_grad)
+    plan.done()
+
+
+def peek_outputs(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor, state: torch.Tensor,
+                 drop: torch.Tensor, buffer: InformationBuffer, limit: ForgetLimit, slices: torch.Tensor,
+                 initial_top: torch.Tensor, start: int, stop: int, slots: ReverseSlots) -> torch.Tensor:
+    """The top layer's outputs after steps ``start`` … ``stop`` − 1 (int32, [stop − start, batch, hidden]; the
+    arguments as :func:`reverse_sweep`'s), in one launch that undoes the steps after ``start`` on a copy of
+    ``state`` and leaves ``state`` and the buffer as they were. A stack whose outputs get gradients from outside (the
+    decoder's attention and loss) is reversed a chunk at a time with it: the chunk's outputs, their gradients in one
+    batched call, then :func:`reverse_sweep` of the chunk, two launches a chunk, not one a step."""
+    outs = torch.empty(stop - start, mask.shape[1], 2 * weights.half, dtype=torch.int32, device=state.device)
+    _reverse_launch(weights, x[1:], mask, state.clone(), _work(weights, mask.shape[1], state.device), drop, buffer,
+                    limit, slices, initial_top, start + 1, stop, slots, outs=outs)
+    return outs
+
+
+def _reverse_launch(weights: StackWeights, x: torch.Tensor, mask: torch.Tensor, state: torch.Tensor,
+                    grads: torch.Tensor, drop: torch.Tensor, buffer: InformationBuffer, limit: ForgetLimit,
+                    slices: torch.Tensor, initial_top: torch.Tensor, start: int, stop: int, slots: ReverseSlots,
+                    slice_grad: torch.Tensor | None = None, out_grad: torch.Tensor | None = None,
+                    outs: torch.Tensor | None = None) -> None:
+    """One launch of :func:`_reverse_kernel` over steps ``start`` … ``stop`` − 1: a peek where ``outs`` is given."""
+    batch = mask.shape[1]
     words = buffer.words
-    plan = buffer.plan_pop(*_updates(stop - start, layers, half, slice_dim, weights.lstm), limit=limit)
-    last_flag = words.pushes - 1  # the pops mirror the last pushes, the last of them first
     options = _options(words.tile_rows, words.lanes)
     grid = (triton.cdiv(batch, options["TB"]),)
     work = _work(weights, batch, state.device)
     _reverse_kernel[grid](
         x.contiguous(), x.shape[-1], weights.w_in0, weights.w_in, weights.bias, weights.w_rec, drop, mask.contiguous(),
         state, grads, slices, initial_top, initial_top.stride(0), work if slice_grad is None else slice_grad,
-        work if out_grad is None else out_grad.contiguous(), work, slots.grad_pre, slots.rec_in, slots.layer_in,
-        words.curr, words.stack, words.top, words.flags, words.status, batch, start, stop, slots.chunk, layers, half,
-        words.lanes, slice_dim, last_flag, limit.min_numerator, limit.slope, LSTM=weights.lstm,
-        SLICE_GRAD=slice_grad is not None, OUT_GRAD=out_grad is not None, **options)
-    plan.done()
+        work if out_grad is None else out_grad.contiguous(), work if outs is None else outs, work, slots.grad_pre,
+        slots.rec_in, slots.layer_in, words.curr, words.stack, words.top, words.flags, words.status, batch, start,
+        stop, slots.chunk, weights.layers, weights.half, words.lanes, slices.shape[-1],
+        words.pushes - 1,  # the last push's flag: the pops mirror the pushes, the last of them first
+        limit.min_numerator, limit.slope, LSTM=weights.lstm, SLICE_GRAD=slice_grad is not None,
+        OUT_GRAD=out_grad is not None, PEEK=outs is not None, **options)
 
 
 def _dropout_masks(dropout: list[torch.Tensor | None], batch: int, hidden: int, device: torch.device) -> torch.Tensor:
@@ -908,9 +962,10 @@ class TritonSweeps:
                  slice_grad: torch.Tensor | None, chunk: int) -> list[torch.Tensor]:
         """The backward sweep of a tape :meth:`forward` recorded (the arguments of
         :meth:`~revnmt.rnn.ReversibleRNN.backward_sweep`): ``tape.states`` back to the initial states, parameter
-        gradients into ``.grad``; returns d loss / d each layer's initial state. ``chunk`` steps per launch, but one
-        where ``output_grads`` asks for the outputs' gradients: the top layer's state after step t is known only once
-        the steps after it are undone."""
+        gradients into ``.grad``; returns d loss / d each layer's initial state. ``chunk`` steps per launch; where
+        ``output_grads`` asks for the outputs' gradients, the stack's own ``chunk_steps``, each chunk a peek at its
+        outputs (:func:`peek_outputs`: the top layer's state after step t is known only once the steps after it are
+        undone), their gradients and the launch that backpropagates them."""
         from ..cells import SweepWeights
 
         steps, batch = tape.mask.shape
@@ -921,16 +976,18 @@ class TritonSweeps:
         grads = torch.stack([torch.zeros(batch, rnn.state_size, device=device) if g is None else g
                              for g in (grad_final or [None] * rnn.num_layers)])
         drop = _dropout_masks(tape.dropout, batch, rnn.hidden_size, device)
-        chunk = 1 if output_grads is not None else min(chunk, steps)
+        chunk = min(rnn.chunk_steps if output_grads is not None else chunk, steps)
         slots = ReverseSlots.empty(rnn.cells[0], rnn.num_layers, chunk, batch, device)
         slices = tape.slices if tape.slices is not None else torch.empty(steps, batch, 0, dtype=torch.int32,
                                                                           device=device)
         for start in reversed(range(0, steps, chunk)):
             stop = min(start + chunk, steps)
+            x = inputs.steps(start, stop)
             out_grad = None
             if output_grads is not None:
-                out_grad = output_grads(slice(start, stop), rnn.cells[-1].output(state[-1])[None])
-            x = inputs.steps(start, stop)
+                outs = peek_outputs(weights, x, tape.mask, state, drop, tape.buffer, rnn.limit, slices,
+                                    tape.initial[-1], start, stop, slots)
+                out_grad = output_grads(slice(start, stop), rnn.cells[-1].output(outs))
             reverse_sweep(weights, x, tape.mask, state, grads, drop, tape.buffer, rnn.limit, slices, tape.initial[-1],
                           slice_grad, start, stop, slots, out_grad)
             inputs.backward(start, slots.accumulate(sweep, stop - start, x))
@@ -942,5 +999,5 @@ class TritonSweeps:
 
 TRITON_SWEEPS = TritonSweeps()
 
-__all__ = ["TRITON_SWEEPS", "ReverseSlots", "StackWeights", "TritonSweeps", "forward_sweep", "program_rows",
-           "reverse_sweep"]
+__all__ = ["TRITON_SWEEPS", "ReverseSlots", "StackWeights", "TritonSweeps", "forward_sweep", "peek_outputs",
+           "program_rows", "reverse_sweep"]
