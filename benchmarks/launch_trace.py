@@ -64,6 +64,7 @@ from machine import cpu_name
 from buffers import InformationBuffer
 from revnmt.memory.budget import synthetic_batch
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
+from revnmt.model.loss import logit_block
 from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversibleRNN
 
@@ -106,12 +107,13 @@ def _sweeps_noted(model, counter: LaunchCounter, reruns: Counter) -> Iterator[No
 def traced_model(rnn: str, layers: int, emb_dim: int, hidden_size: int, slice_dim: int, src_vocab: int,
                  tgt_vocab: int, decoder_chunk_steps: int = ExecutionConfig.decoder_chunk_steps):
     """A reversible model with ``emb+slice`` attention on the triton backend in training mode, its buffers checking
-    bad input lazily, as on CUDA."""
+    bad input lazily and its loss taking logit blocks as on CUDA."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(rnn=rnn, emb_dim=emb_dim, hidden_size=hidden_size, layers=layers,
                                     attention="emb+slice", slice_dim=slice_dim, src_vocab=src_vocab,
                                     tgt_vocab=tgt_vocab),
-                        ExecutionConfig(buffer_backend="triton", decoder_chunk_steps=decoder_chunk_steps))
+                        ExecutionConfig(buffer_backend="triton", decoder_chunk_steps=decoder_chunk_steps,
+                                        logit_block=logit_block("cuda")))
     for rev in (module for module in model.modules() if isinstance(module, ReversibleRNN)):
         check_lazily(rev)
     return model.train()

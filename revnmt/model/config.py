@@ -149,6 +149,11 @@ class ExecutionConfig:
                                                 help="ordinary RNNs (gru, lstm): gradient checkpointing, keeping the "
                                                 "state every K steps for backward and recomputing the steps between "
                                                 "(auto: K = ceil(sqrt(T)) per batch); default: none")
+    logit_block: int | None = option(None, type=int, check=positive, role=RUN_TIME,
+                                     help="elements of the logits the loss computes at once: it takes the output "
+                                     "layer's vocabulary in chunks of 256 to 2,048 columns, as wide as keep rows x "
+                                     "columns within this (default: 131,072 on CPU, 16,777,216 on a GPU, where each "
+                                     "chunk is kernel launches the host pays for)")
     decoder_chunk_steps: int = option(2, check=positive, role=RUN_DEFINING,
                                       help="reversible RNNs: decoder steps undone before their attention and loss "
                                       "are backpropagated in one batched call; more is faster and holds more memory "

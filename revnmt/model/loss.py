@@ -11,9 +11,11 @@ Label smoothing fits the same scheme: its extra term needs only each row's sum o
 chunk by chunk in the forward pass, and its gradient is a constant taken off the recomputed block in
 place. The unsmoothed negative log-likelihood is returned beside the smoothed loss, for reporting.
 
-The chunk narrows as the rows grow (:func:`vocab_chunk`), so that the block stays about as large as
-64 rows' full-width chunk: many rows (several decoder steps of a large batch) would otherwise make it
-a cost per sentence that a memory budget feels.
+The chunk narrows as the rows grow (:func:`vocab_chunk`), so that the block stays within a number of
+elements (:func:`logit_block`): many rows (several decoder steps of a large batch) would otherwise make it
+a cost per sentence that a memory budget feels. On a CPU the block is about 64 rows' full-width chunk; on a
+GPU it is larger, since each chunk is a few kernel launches whose cost the host pays whatever their size,
+and a narrow chunk would make the loss's launches grow with the rows (the decoder steps of a chunk).
 """
 
 from __future__ import annotations
@@ -22,14 +24,22 @@ from typing import NamedTuple
 
 import torch
 
-VOCAB_CHUNK = 2048  # the widest chunk, used up to 64 rows
+VOCAB_CHUNK = 2048  # the widest chunk
 MIN_VOCAB_CHUNK = 256
-LOGIT_BLOCK = 64 * VOCAB_CHUNK  # elements of the block, where the rows allow
+#: Elements of the block where the rows allow, by device type, unless asked otherwise (``--logit-block``): on a CPU
+#: 64 rows' widest chunk (512 KiB), on a GPU 2^24 (64 MiB): up to 8,192 rows there get the widest chunk.
+LOGIT_BLOCKS = {"cpu": 64 * VOCAB_CHUNK, "cuda": 1 << 24}
 
 
-def vocab_chunk(rows: int) -> int:
-    """Vocabulary columns per chunk over ``rows`` rows."""
-    return min(VOCAB_CHUNK, max(MIN_VOCAB_CHUNK, LOGIT_BLOCK // max(rows, 1)))
+def logit_block(device: torch.device | str, asked: int | None = None) -> int:
+    """Elements of the loss's logit block on ``device``: ``asked``, or the device type's default."""
+    return asked if asked is not None else LOGIT_BLOCKS.get(torch.device(device).type, LOGIT_BLOCKS["cpu"])
+
+
+def vocab_chunk(rows: int, block: int = LOGIT_BLOCKS["cpu"]) -> int:
+    """Vocabulary columns per chunk over ``rows`` rows, keeping the chunk's logits within ``block`` elements where
+    the narrowest chunk allows."""
+    return min(VOCAB_CHUNK, max(MIN_VOCAB_CHUNK, block // max(rows, 1)))
 
 
 class LossSums(NamedTuple):
@@ -41,9 +51,9 @@ class LossSums(NamedTuple):
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, ignore_index, label_smoothing):
+    def forward(ctx, hidden, weight, bias, target, ignore_index, label_smoothing, block):
         rows, vocab = hidden.shape[0], weight.shape[0]
-        chunk = vocab_chunk(rows)
+        chunk = vocab_chunk(rows, block)
         lse = torch.full((rows,), float("-inf"), device=hidden.device, dtype=hidden.dtype)
         logit_sum = torch.zeros((rows,), device=hidden.device, dtype=hidden.dtype)
         for start in range(0, vocab, chunk):
@@ -58,7 +68,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # ε × the cross-entropy against the uniform distribution, lse − the mean logit
         smoothing = label_smoothing * ((lse - logit_sum / vocab) * keep).sum() if label_smoothing else 0.0
         ctx.save_for_backward(hidden, weight, bias, safe, keep, lse)
-        ctx.label_smoothing = label_smoothing
+        ctx.label_smoothing, ctx.chunk = label_smoothing, chunk
         ctx.mark_non_differentiable(nll)
         # a tensor of its own even at ε = 0: the objective has a gradient, nll none
         return (1 - label_smoothing) * nll + smoothing, nll
@@ -71,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden)
         grad_weight = torch.empty_like(weight)
         grad_bias = torch.empty_like(bias)
-        chunk = vocab_chunk(hidden.shape[0])
+        chunk = ctx.chunk
         for start in range(0, vocab, chunk):
             w = weight[start:start + chunk]
             # softmax − (1 − ε)·one-hot − ε/V, built in place in the recomputed logits
@@ -87,11 +97,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden.addmm_(p, w)
             grad_weight[start:start + chunk] = p.t() @ hidden
             grad_bias[start:start + chunk] = p.sum(0)
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
-                         ignore_index: int, label_smoothing: float = 0.0) -> LossSums:
+                         ignore_index: int, label_smoothing: float = 0.0, block: int | None = None) -> LossSums:
     """Σ over rows of cross-entropy(hidden @ weightᵀ + bias, target), rows with ``ignore_index`` skipped.
 
     ``objective`` is PyTorch's label-smoothed cross-entropy: the target distribution is
@@ -99,11 +109,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     ``F.cross_entropy(F.linear(hidden, weight, bias), target, ignore_index=ignore_index,
     label_smoothing=ε, reduction="sum")`` in value and gradients (up to float rounding); ε = 0 is plain
     cross-entropy. ``nll`` is the unsmoothed sum (ε = 0), without gradient. Neither pass holds a
-    [rows, V] tensor: see :func:`logit_work_bytes`.
+    [rows, V] tensor, but a block of at most ``block`` elements where the rows allow (None: :func:`logit_block`'s
+    default on ``hidden``'s device; it sets the sums' order, so their low bits): see :func:`logit_work_bytes`.
     """
-    return LossSums(*_LinearCrossEntropy.apply(hidden, weight, bias, target, ignore_index, label_smoothing))
+    block = logit_block(hidden.device, block)
+    return LossSums(*_LinearCrossEntropy.apply(hidden, weight, bias, target, ignore_index, label_smoothing, block))
 
 
-def logit_work_bytes(rows: int, vocab: int, element_size: int = 4) -> int:
-    """Memory the backward pass of :func:`linear_cross_entropy` needs beyond its saved tensors."""
-    return rows * min(vocab, vocab_chunk(rows)) * element_size
+def logit_work_bytes(rows: int, vocab: int, element_size: int = 4, block: int = LOGIT_BLOCKS["cpu"]) -> int:
+    """Memory the backward pass of :func:`linear_cross_entropy` (with ``block``) needs beyond its saved tensors."""
+    return rows * min(vocab, vocab_chunk(rows, block)) * element_size

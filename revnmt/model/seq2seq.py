@@ -35,7 +35,7 @@ from revnmt.data.vocab import BOS, PAD
 from .attention import GeneralAttention
 from .bridge import Bridge
 from .config import ExecutionConfig, ModelConfig
-from .loss import LossSums, linear_cross_entropy, logit_work_bytes
+from .loss import LossSums, linear_cross_entropy, logit_block, logit_work_bytes
 
 LOSS_CHUNK_STEPS = 8  # decoder steps whose logits exist at once in training by autograd and validation
 
@@ -197,11 +197,16 @@ class Seq2Seq(nn.Module, ABC):
         attended = self.attention(query, memory, pad_mask, memory_grad)
         return linear_cross_entropy(attended.reshape(-1, attended.shape[-1]), self.generator.weight,
                                     self.generator.bias, target.reshape(-1), ignore_index=PAD,
-                                    label_smoothing=self.cfg.label_smoothing)
+                                    label_smoothing=self.cfg.label_smoothing, block=self.logit_block)
+
+    @property
+    def logit_block(self) -> int:
+        """Elements of the loss's logit block on the model's device (``--logit-block``, or the device's default)."""
+        return logit_block(self.generator.weight.device, self.execution.logit_block)
 
     def logit_work_bytes(self, rows: int) -> int:
         """The block of logits the loss's backward works on over ``rows`` rows, which autograd does not save."""
-        return logit_work_bytes(rows, self.cfg.tgt_vocab, self.generator.weight.element_size())
+        return logit_work_bytes(rows, self.cfg.tgt_vocab, self.generator.weight.element_size(), self.logit_block)
 
     def chunked_loss_backward(self, dec_out: torch.Tensor, memory: torch.Tensor, src: torch.Tensor,
                               tgt_out: torch.Tensor, masks: DropoutMasks, normalizer: float) -> StepResult:

@@ -84,11 +84,39 @@ def test_no_tensor_outgrows_the_logit_block(eps, monkeypatch):
 
 
 def test_the_logit_block_does_not_grow_with_the_rows():
-    assert loss_module.vocab_chunk(64) == loss_module.VOCAB_CHUNK
+    cpu = loss_module.logit_block("cpu")
+    assert loss_module.vocab_chunk(64, cpu) == loss_module.VOCAB_CHUNK
     for rows in (65, 512, 4096):
-        chunk = loss_module.vocab_chunk(rows)
+        chunk = loss_module.vocab_chunk(rows, cpu)
         assert chunk < loss_module.VOCAB_CHUNK
-        assert rows * chunk <= loss_module.LOGIT_BLOCK or chunk == loss_module.MIN_VOCAB_CHUNK
+        assert rows * chunk <= cpu or chunk == loss_module.MIN_VOCAB_CHUNK
+
+
+def test_a_gpu_takes_the_widest_chunk_for_a_decoder_chunk_of_a_large_batch():
+    # On a GPU each chunk is launches the host pays for: the chunks of a loss over many rows (a decoder chunk's steps
+    # of a batch) stay as few as over 64, so that the launches do not grow with the decoder's chunk.
+    gpu = loss_module.logit_block("cuda")
+    assert loss_module.logit_block("cuda", asked=1000) == 1000 and gpu > loss_module.logit_block("cpu")
+    assert loss_module.vocab_chunk(8192, gpu) == loss_module.VOCAB_CHUNK
+    assert loss_module.vocab_chunk(8192 * 4, gpu) < loss_module.VOCAB_CHUNK
+
+
+def test_the_block_sets_the_chunks_a_loss_computes(monkeypatch):
+    # A block asked for (--logit-block) reaches the loss: fewer, wider chunks, the same loss and gradients to float
+    # rounding (the chunks' order of sums differs).
+    monkeypatch.setattr(loss_module, "MIN_VOCAB_CHUNK", 1)
+    hidden, weight, bias, target = _inputs(50)
+    runs = []
+    for block in (9 * 16, 9 * 50):
+        h = hidden.detach().clone().requires_grad_()
+        with LaunchCounter() as counter:
+            loss = linear_cross_entropy(h, weight, bias, target, 0, 0.1, block=block)
+        loss.objective.backward()
+        runs.append((counter.names.count("aten::logsumexp"), loss.objective.detach(), h.grad))
+    (narrow, loss_a, grad_a), (wide, loss_b, grad_b) = runs
+    assert (narrow, wide) == (4, 1)  # 50 columns in chunks of 16 (MIN_VOCAB_CHUNK lowered here), then in one
+    torch.testing.assert_close(loss_a, loss_b)
+    torch.testing.assert_close(grad_a, grad_b)
 
 
 def test_the_backward_pass_never_reads_the_host(monkeypatch):
