@@ -3,9 +3,9 @@
 # at 15):
 #   bash scripts/gpu_check.sh OUTDIR [all|checks|timings]   (default all)
 # Checks, run side by side (they time nothing):
-# 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps,
-#    host syncs under torch.cuda.set_sync_debug_mode, a whole reversible training step on the GPU, the memory
-#    budget against the allocator's peak);
+# 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps and
+#    the persistent sweeps, host syncs under torch.cuda.set_sync_debug_mode, a whole reversible training step on the
+#    GPU, the memory budget against the allocator's peak);
 # 2. ops dispatched per layer and step on CUDA (benchmarks/layers.py --count-kernels);
 # 3. two Hogwild! workers on one GPU, and torchrun with NCCL on one GPU, on a toy corpus.
 # Timings, one after the other with the GPU to themselves:
@@ -82,7 +82,7 @@ workers=()
 "$py" -c "import xdist" 2>/dev/null && workers=(-n 8)
 if [ "$what" != timings ]; then
     step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" --tb=short \
-        --junitxml "$out/tests.xml" -k "cuda or test_triton_steps or triton_kernels" tests/buffers tests/revnmt &
+        --junitxml "$out/tests.xml" -k "cuda or test_triton_steps or test_triton_sweeps or triton_kernels" tests/buffers tests/revnmt &
     step kernels "$py" benchmarks/layers.py --device cuda --count-kernels --json "$out/kernels.json" &
     step hogwild "$py" -m revnmt.cli.train "${tiny[@]}" --save-dir "$out/runs/hogwild" --hogwild 2 &
     step torchrun "$py" -m torch.distributed.run --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29517 \
