@@ -1,4 +1,5 @@
-"""benchmarks/batch_scaling.py on a tiny model: one row per model, length and batch size, in the order run."""
+"""benchmarks/batch_scaling.py on a tiny model: one row per model (a reversible one per decoder chunk), length and batch
+size, in the order run."""
 
 import json
 import subprocess
@@ -12,14 +13,15 @@ def test_small_run_writes_every_step(tmp_path):
     out = tmp_path / "scale.json"
     command = [sys.executable, str(REPO / "benchmarks/batch_scaling.py"), "--device", "cpu", "--rnn", "gru", "revlstm",
                "--emb-dim", "8", "--hidden-size", "8", "--slice-dim", "2", "--sentences", "2", "5", "--lengths", "4",
-               "--json", str(out)]
+               "--decoder-chunk-steps", "2", "4", "--json", str(out)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["config"]["deadline"] is None
-    assert [(r["rnn"], r["sentences"], r["length"]) for r in report["steps"]] == [
-        ("gru", 2, 4), ("gru", 5, 4), ("revlstm", 2, 4), ("revlstm", 5, 4)]
+    assert [(r["rnn"], r["decoder_chunk_steps"], r["sentences"], r["length"]) for r in report["steps"]] == [
+        ("gru", None, 2, 4), ("gru", None, 5, 4), ("revlstm", 2, 2, 4), ("revlstm", 2, 5, 4), ("revlstm", 4, 2, 4),
+        ("revlstm", 4, 5, 4)]
     for row in report["steps"]:
         assert row["step_s"] > 0 and row["peak_allocated_bytes"] is None
         assert abs(row["tokens_per_s"] - row["sentences"] * 4 / row["step_s"]) < 1e-6
