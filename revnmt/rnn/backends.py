@@ -55,12 +55,13 @@ class Backend:
         """The fused half-steps, or None: the cells' torch reference."""
         return _imported(self.kernels)
 
-    def persistent(self, rnn, buffer: InformationBuffer | None):
-        """The persistent sweep kernels that run ``rnn``'s sweeps over ``buffer`` on this backend, or None (the
-        half-steps run them): the one place a stack asks, for its forward sweep and again for its backward sweep,
-        which must be the same kernels' (the states' low bits are their products')."""
+    def persistent(self, rnn, lanes: int, tile_rows: int):
+        """The persistent sweep kernels that run ``rnn``'s trained sweeps on this backend over a buffer of ``lanes``
+        lanes a row in tiles of ``tile_rows`` rows, or None (the half-steps run them): the one place a stack asks,
+        for its forward sweep, again for its backward sweep, which must be the same kernels' (the states' low bits
+        are their products'), and for what its sweeps hold (:meth:`~revnmt.rnn.ReversibleRNN.work_bytes`)."""
         sweeps = _imported(self.sweeps)
-        return sweeps if sweeps is not None and sweeps.supports(rnn, buffer) else None
+        return sweeps if sweeps is not None and sweeps.supports(rnn, lanes, tile_rows) else None
 
     @functools.cached_property
     def buffer(self) -> BufferBackend:

@@ -152,8 +152,13 @@ class ReversibleRNN(nn.Module):
         one chunk of layer 0's input projections, every layer's copied weights (SweepWeights) and their
         gradients, the layers' chunks of recurrent weight gradients and one reverse step's temporaries;
         with ``outputs`` (a backward sweep taking output gradients), also a chunk's states of every
-        layer, their gates where fused kernels keep them (``HalfGates``) and its top-layer outputs."""
+        layer, their gates where fused kernels keep them (``HalfGates``) and its top-layer outputs. Where the
+        persistent kernels run the sweeps, what they hold instead (:meth:`.kernels.triton_sweeps.TritonSweeps.
+        work_bytes`)."""
         backend = self.backend_on(device)
+        persistent = backend.persistent(self, self._lanes(device), self.buffer_tile)
+        if persistent is not None:
+            return persistent.work_bytes(self, batch, outputs, backend.weight_grad_steps)
         held = (InputProjection.held_bytes(self.cells[0], batch, self.chunk_steps)
                 + sum(SweepWeights.held_bytes(cell, grads=True) for cell in self.cells)
                 + RecurrentGrads.held_bytes(self.cells[0], batch, backend.weight_grad_steps, self.num_layers)
@@ -296,7 +301,7 @@ class ReversibleRNN(nn.Module):
                     slices=None, guard=None if buffer is not None else OverflowGuard(device))
         if self.slice_dim:
             tape.slices = torch.empty(steps, batch, self.slice_dim, dtype=torch.int32, device=device)
-        persistent = backend.persistent(self, buffer)
+        persistent = None if buffer is None else backend.persistent(self, buffer.words.lanes, buffer.words.tile_rows)
         if persistent is not None:
             tape.states, tape.slices = persistent.forward(self, inputs.steps(0, steps), mask, states, tape.dropout,
                                                           buffer)
@@ -341,7 +346,8 @@ class ReversibleRNN(nn.Module):
                              "inference) and cannot be reversed")
         try:
             with exact_float32(tape.mask.device):
-                persistent = tape.backend.persistent(self, tape.buffer)
+                words = tape.buffer.words
+                persistent = tape.backend.persistent(self, words.lanes, words.tile_rows)
                 if persistent is not None:
                     grads = persistent.backward(self, tape, inputs, grad_final, output_grads, slice_grad,
                                                 tape.backend.weight_grad_steps)

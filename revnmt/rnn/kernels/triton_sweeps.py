@@ -833,6 +833,11 @@ class ReverseSlots:
                    torch.empty(layers, len(cell.linears()), chunk, batch, cell.half, device=device),
                    torch.empty(layers, chunk, batch, cell.hidden_size, device=device))
 
+    @staticmethod
+    def held_bytes(cell, layers: int, chunk: int, batch: int) -> int:
+        """Bytes of :meth:`empty`'s slots (memory accounting)."""
+        return layers * chunk * batch * (cell.project_width + len(cell.linears()) * cell.half + cell.hidden_size) * 4
+
     @property
     def chunk(self) -> int:
         return self.grad_pre.shape[1]
@@ -933,14 +938,34 @@ class TritonSweeps:
     (final states, buffer, slices), and its backward sweep must be :meth:`backward`: the states' low bits are this
     module's products' (see the module docstring)."""
 
-    def supports(self, rnn, buffer: InformationBuffer | None) -> bool:
-        """Whether these kernels run ``rnn``'s sweeps over ``buffer``: a RevGRU or RevLSTM stack, trained (a
-        buffer), whose buffer tiles and lanes the kernels take."""
+    def supports(self, rnn, lanes: int, tile_rows: int) -> bool:
+        """Whether these kernels run the trained sweeps of ``rnn`` on a buffer of ``lanes`` lanes a row in tiles of
+        ``tile_rows`` rows: a RevGRU or RevLSTM stack, whose buffer tiles and lanes the kernels take."""
         from ..cells import RevGRUCell, RevLSTMCell  # the cells import the kernels' package: imported when asked
 
-        words = None if buffer is None else buffer.words
-        return (words is not None and isinstance(rnn.cells[0], (RevGRUCell, RevLSTMCell)) and words.lanes <= MAX_LANES
-                and not words.tile_rows & (words.tile_rows - 1) and words.tile_rows <= 32)
+        return (isinstance(rnn.cells[0], (RevGRUCell, RevLSTMCell)) and lanes <= MAX_LANES
+                and not tile_rows & (tile_rows - 1) and tile_rows <= 32)
+
+    def work_bytes(self, rnn, batch: int, outputs: bool, chunk: int) -> int:
+        """Bytes :meth:`backward` holds besides the tape over ``batch`` rows, none of it seen by autograd (the
+        arguments as :meth:`~revnmt.rnn.ReversibleRNN.work_bytes`'; ``chunk`` as :meth:`backward`'s): the layers'
+        copied weights with their gradients and the kernels' stacked copy of them, a chunk's slots, the product that
+        reduces them into a weight's gradient (before it is added), the states and their gradients stacked, the
+        dropout masks, the gates' work area, a chunk of layer 0's inputs and their gradient; with ``outputs``, a
+        chunk of the stack's own steps, and its peek's outputs (int32 and float) and copy of the states."""
+        from ..cells import SweepWeights
+
+        cell = rnn.cells[0]
+        chunk = rnn.chunk_steps if outputs else chunk
+        held = (sum(SweepWeights.held_bytes(c, grads=True) + SweepWeights.held_bytes(c, grads=False)
+                    for c in rnn.cells)
+                + ReverseSlots.held_bytes(cell, rnn.num_layers, chunk, batch)
+                + max(c.project_width * (c.input_size + c.half) for c in rnn.cells) * 4
+                + batch * (rnn.num_layers * (2 * rnn.state_size + rnn.hidden_size) + 3 * cell.half
+                           + 2 * chunk * cell.input_size) * 4)
+        if outputs:
+            held += batch * (2 * chunk * rnn.hidden_size + rnn.num_layers * rnn.state_size + 3 * cell.half) * 4
+        return held
 
     @torch.no_grad()
     def forward(self, rnn, x: torch.Tensor, mask: torch.Tensor, initial: list[torch.Tensor],

@@ -26,6 +26,7 @@ from test_reversible import _assert_close
 
 from buffers import ForgetLimit, InformationBuffer, backends, to_float
 from revnmt.profiling.launches import LaunchCounter
+from revnmt.profiling.live_bytes import LiveBytesBySite
 from revnmt.rnn import ReversibleRNN
 from revnmt.rnn.cells import SweepWeights
 from revnmt.rnn.inputs import TensorInput
@@ -280,6 +281,29 @@ def test_the_decoders_reverse_by_chunks_matches_the_torch_reversal(cell):
         _assert_close(got[name], want[name])
     _assert_close(got_x, want_x)
     _assert_close(torch.stack(got_init), torch.stack(want_init))
+
+
+@pytest.mark.parametrize("outputs", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_backward_sweep_holds_what_its_accounting_charges(cell, outputs):
+    # What a memory budget plans with (ReversibleRNN.work_bytes, the persistent kernels' own count): the tensors the
+    # backward sweep makes stay within it at their peak, and it is not a loose bound.
+    torch.manual_seed(0)
+    rnn = ReversibleRNN(cell, IN, HIDDEN, num_layers=LAYERS, slice_dim=SLICE, buffer_lanes=LANES, buffer_tile=TILE,
+                        buffer_backend="triton", chunk_steps=4).to(DEVICE)
+    x = torch.randn(STEPS, BATCH, IN, device=DEVICE)
+    inputs, mask = TensorInput(x), torch.ones(STEPS, BATCH, dtype=torch.bool, device=DEVICE)
+    tape = rnn.forward_sweep(inputs, mask)
+    inputs.grad = torch.zeros_like(x)  # the caller's, as the parameters' gradients are
+    for p in rnn.parameters():
+        p.grad = torch.zeros_like(p)
+    w_out = torch.randn(STEPS, BATCH, HIDDEN, device=DEVICE)
+    grads = (dict(output_grads=lambda steps, outs: w_out[steps]) if outputs
+             else dict(grad_final=[torch.ones(BATCH, rnn.state_size, device=DEVICE)] * LAYERS))
+    with LiveBytesBySite() as meter:
+        rnn.backward_sweep(tape, inputs, **grads)
+    charged = rnn.work_bytes(BATCH, DEVICE, outputs=outputs)
+    assert 0.6 * charged <= meter.peak <= charged, (meter.peak, charged, meter.at_peak.most_common(8))
 
 
 @pytest.mark.parametrize("cell", CELLS)
