@@ -128,12 +128,19 @@ def _reverse(rnn, weights, sweep, x, mask, state, grads, drop, buf, slices, init
     return grad_x
 
 
-@pytest.mark.parametrize("cell", CELLS)
-def test_the_reverse_rebuilds_the_initial_states_and_empties_the_buffer(cell):
+def _swept(cell):
+    """:func:`_problem`'s stack swept forward by the kernel: (rnn, its SweepWeights collecting gradients, their
+    StackWeights, x, mask, drop, initial, the buffer, the states after the sweep, the slices)."""
     rnn, x, mask, drop, initial = _problem(cell)
     sweep, weights = _weights(rnn, grads=True)
     buf, state = _buffer(), initial.clone()
     slices = ts.forward_sweep(weights, x, mask, state, drop, buf, LIMIT, SLICE)
+    return rnn, sweep, weights, x, mask, drop, initial, buf, state, slices
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_reverse_rebuilds_the_initial_states_and_empties_the_buffer(cell):
+    rnn, sweep, weights, x, mask, drop, initial, buf, state, slices = _swept(cell)
     buf.check()
     heights = buf.words.heights()
     assert min(heights) > 0 and buf.words.overflows().any(0).all()  # every tile overflowed, the partial one too
@@ -149,10 +156,7 @@ def test_the_reverse_rebuilds_the_initial_states_and_empties_the_buffer(cell):
 def test_a_peek_reads_the_outputs_and_leaves_the_states_and_the_buffer_as_they_were(cell):
     # The decoder's reverse peeks at a chunk's outputs before it backpropagates them. A peek's outputs are the top
     # layer's states the reverse meets step by step, and it changes nothing the reverse then reads.
-    rnn, x, mask, drop, initial = _problem(cell)
-    sweep, weights = _weights(rnn, grads=True)
-    buf, state = _buffer(), initial.clone()
-    slices = ts.forward_sweep(weights, x, mask, state, drop, buf, LIMIT, SLICE)
+    rnn, _, weights, x, mask, drop, initial, buf, state, slices = _swept(cell)
     words = buf.words
     kept = [state, words.curr, words.top, words.stack, words.flags, words.status]
     before, pushes = [t.clone() for t in kept], words.pushes
