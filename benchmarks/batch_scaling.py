@@ -1,7 +1,8 @@
 """Step time and memory as the batch grows: a reversible model against its ordinary twin, one training step each.
 
     python benchmarks/batch_scaling.py --device cuda [--rnn gru revgru] [--sentences 64 512 2048 8192 32768]
-        [--lengths 25 10] [--decoder-chunk-steps 2 8] [--deadline 140] [--json FILE]
+        [--lengths 25 10] [--decoder-chunk-steps 2 8] [--sweep-kernels steps persistent] [--deadline 140]
+        [--json FILE]
 
 For every model, length and batch size (sentences) it times a training step (forward and backward, no optimizer
 update) on the budget planner's synthetic batches (``revnmt.memory.budget.synthetic_batch``): the first step, which
@@ -9,6 +10,7 @@ compiles what compiles lazily (Triton's kernels on CUDA), and the median of the 
 per second and the CUDA allocator's peak allocated bytes (on CPU: ``null``). The model is the paper's IWSLT size
 unless given (2 layers, 600 units, 600-dim embeddings, ``emb+slice`` with 60 slice units for the reversible cells,
 ``hidden`` attention for the ordinary ones), Multi30K's vocabularies. A reversible model runs once per
+``--sweep-kernels`` (what runs its sweeps: the per-step kernels or the persistent ones, docs/gpu.md) and
 ``--decoder-chunk-steps`` (decoder steps reversed before their attention and loss run: on a GPU the launches of a
 step fall with a longer chunk, docs/gpu.md#the-launch-trace). A batch that runs out of memory ends that model's sweep
 at that length; so does a first step over 90 s, and ``--deadline`` seconds end the run.
@@ -26,6 +28,7 @@ import torch
 
 from revnmt.memory.budget import synthetic_batch
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
+from revnmt.rnn.backends import SWEEP_KERNELS
 
 _SLOW_FIRST_STEP = 90.0  # seconds: larger batches would take longer still
 
@@ -67,23 +70,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[25, 10])
     parser.add_argument("--decoder-chunk-steps", type=int, nargs="+", default=[ExecutionConfig.decoder_chunk_steps],
                         help="reversible models: each value a run of its own (revnmt-train's option)")
+    parser.add_argument("--sweep-kernels", nargs="+", default=[ExecutionConfig.sweep_kernels],
+                        choices=SWEEP_KERNELS, help="reversible models: each value a run of its own (revnmt-train's "
+                        "option)")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="seconds; no new batch after them")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     deadline = time.time() + args.deadline
     rows = []
-    runs = [(rnn, chunk) for rnn in args.rnn
+    runs = [(rnn, chunk, kernels) for rnn in args.rnn
+            for kernels in (args.sweep_kernels if rnn.startswith("rev") else [None])
             for chunk in (args.decoder_chunk_steps if rnn.startswith("rev") else [None])]
-    for rnn, chunk in runs:
+    for rnn, chunk, kernels in runs:
         torch.manual_seed(0)
         attention = "emb+slice" if rnn.startswith("rev") else "hidden"
-        execution = ExecutionConfig() if chunk is None else ExecutionConfig(decoder_chunk_steps=chunk)
+        execution = (ExecutionConfig() if chunk is None
+                     else ExecutionConfig(decoder_chunk_steps=chunk, sweep_kernels=kernels))
         model = build_model(ModelConfig(rnn=rnn, emb_dim=args.emb_dim, hidden_size=args.hidden_size,
                                         layers=args.layers, attention=attention, slice_dim=args.slice_dim,
                                         src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab), execution).to(device)
         model.train()
-        label = rnn if chunk is None else f"{rnn} c{chunk}"
+        label = rnn if chunk is None else f"{rnn} c{chunk}" + (" pers" if kernels == "persistent" else "")
         for length in args.lengths:
             for sentences in args.sentences:
                 if time.time() > deadline:
@@ -93,19 +101,20 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     times = time_steps(model, sentences, length, device)
                 except torch.OutOfMemoryError as error:
-                    print(f"{label:11s} {sentences:6d} x {length:3d}: out of memory "
+                    print(f"{label:16s} {sentences:6d} x {length:3d}: out of memory "
                           f"({str(error).splitlines()[0][:80]})", flush=True)
                     break
                 step = statistics.median(times[1:]) if len(times) > 1 else None
                 peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-                rows.append({"rnn": rnn, "decoder_chunk_steps": chunk, "sentences": sentences, "length": length,
+                rows.append({"rnn": rnn, "decoder_chunk_steps": chunk, "sweep_kernels": kernels,
+                             "sentences": sentences, "length": length,
                              "first_step_s": times[0], "step_s": step,
                              "tokens_per_s": sentences * length / step if step else None,
                              "peak_allocated_bytes": peak})
                 figures = (f"step {step * 1e3:9.1f} ms  {sentences * length / step:10,.0f} tok/s" if step
                            else "(first step too slow to go on)")
                 memory = f"  peak {peak / 2 ** 20:9,.0f} MiB" if peak is not None else ""
-                print(f"{label:11s} {sentences:6d} x {length:3d}: first {times[0]:7.2f} s  {figures}{memory}",
+                print(f"{label:16s} {sentences:6d} x {length:3d}: first {times[0]:7.2f} s  {figures}{memory}",
                       flush=True)
                 if step is None:
                     break

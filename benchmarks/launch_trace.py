@@ -1,8 +1,8 @@
 """The kernel launches of one training step and each Triton launch's grid, recorded on a CPU without a GPU.
 
     python benchmarks/launch_trace.py [--rnn revgru revlstm] [--batch 64 8192] [--lengths 25 100] [--json FILE]
-        [--decoder-chunk-steps 2] [--run-kernels] [--layers 2] [--emb-dim 600] [--hidden-size 600]
-        [--slice-dim 60] [--src-vocab 5896] [--tgt-vocab 7886]
+        [--decoder-chunk-steps 2] [--sweep-kernels persistent] [--run-kernels] [--layers 2] [--emb-dim 600]
+        [--hidden-size 600] [--slice-dim 60] [--src-vocab 5896] [--tgt-vocab 7886]
 
 Why. A reversible step on a GPU is bound by its launches at small batches (each costs the host microseconds,
 whatever it does: docs/gpu.md) and at large ones by its smallest grids: a launch of one program runs on one
@@ -67,6 +67,7 @@ from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.model.loss import logit_block
 from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversibleRNN
+from revnmt.rnn.backends import SWEEP_KERNELS
 
 # torch.backends.mkldnn.flags() also sets oneDNN's TF32 switch, which warns on a CPU-only torch.
 warnings.filterwarnings("ignore", "TF32 acceleration on top of oneDNN")
@@ -105,15 +106,16 @@ def _sweeps_noted(model, counter: LaunchCounter, reruns: Counter) -> Iterator[No
 
 
 def traced_model(rnn: str, layers: int, emb_dim: int, hidden_size: int, slice_dim: int, src_vocab: int,
-                 tgt_vocab: int, decoder_chunk_steps: int = ExecutionConfig.decoder_chunk_steps):
-    """A reversible model with ``emb+slice`` attention on the triton backend in training mode, its buffers checking
-    bad input lazily and its loss taking logit blocks as on CUDA."""
+                 tgt_vocab: int, decoder_chunk_steps: int = ExecutionConfig.decoder_chunk_steps,
+                 sweep_kernels: str = "persistent"):
+    """A reversible model with ``emb+slice`` attention on the triton backend in training mode, its sweeps run by
+    ``sweep_kernels``, its buffers checking bad input lazily and its loss taking logit blocks as on CUDA."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(rnn=rnn, emb_dim=emb_dim, hidden_size=hidden_size, layers=layers,
                                     attention="emb+slice", slice_dim=slice_dim, src_vocab=src_vocab,
                                     tgt_vocab=tgt_vocab),
                         ExecutionConfig(buffer_backend="triton", decoder_chunk_steps=decoder_chunk_steps,
-                                        logit_block=logit_block("cuda")))
+                                        logit_block=logit_block("cuda"), sweep_kernels=sweep_kernels))
     for rev in (module for module in model.modules() if isinstance(module, ReversibleRNN)):
         check_lazily(rev)
     return model.train()
@@ -167,6 +169,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="run the Triton kernels in the interpreter (slow: small shapes only), not only trace them")
     parser.add_argument("--decoder-chunk-steps", type=int, default=ExecutionConfig.decoder_chunk_steps,
                         help="decoder steps reversed before their attention and loss run (revnmt-train's option)")
+    parser.add_argument("--sweep-kernels", choices=SWEEP_KERNELS, default="persistent",
+                        help="what runs the stacks' sweeps (revnmt-train's option; here the persistent kernels unless "
+                        "asked: what this trace was made to count)")
     for name, default in IWSLT.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     parser.add_argument("--json", type=Path)
@@ -174,13 +179,14 @@ def main(argv: list[str] | None = None) -> None:
     mode = "run in Triton's interpreter" if args.run_kernels else "traced, not run"
     print(f"one training step on {cpu_name()}, {torch.get_num_threads()} threads, triton backend, kernels {mode}; "
           f"layers {args.layers}, units {args.hidden_size}, emb+slice attention with {args.slice_dim} slice units, "
-          f"decoder chunks of {args.decoder_chunk_steps} steps")
+          f"decoder chunks of {args.decoder_chunk_steps} steps, sweep kernels {args.sweep_kernels}")
     print(f"{'rnn':8s} {'B':>5s} {'T':>4s} {'launches':>9s} {'per token':>9s} {'triton':>7s} {'min prog':>9s} "
           f"{'max prog':>9s} {'host reads':>10s} {'at ends':>7s} {'reruns':>6s}", flush=True)
     sizes = {name: getattr(args, name) for name in IWSLT}
     records = []
     for rnn in args.rnn:
-        model = traced_model(rnn, **sizes, decoder_chunk_steps=args.decoder_chunk_steps)
+        model = traced_model(rnn, **sizes, decoder_chunk_steps=args.decoder_chunk_steps,
+                             sweep_kernels=args.sweep_kernels)
         trace_step(model, *_WARM_UP)  # the tables the kernels read, made once per device
         for length in args.lengths:
             for sentences in args.batch:
@@ -196,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         del model
     if args.json:
         for record in records:
-            record |= {"model": sizes, "decoder_chunk_steps": args.decoder_chunk_steps, "machine": cpu_name()}
+            record |= {"model": sizes, "decoder_chunk_steps": args.decoder_chunk_steps,
+                       "sweep_kernels": args.sweep_kernels, "machine": cpu_name()}
         args.json.write_text(json.dumps(records, indent=2) + "\n")
 
 

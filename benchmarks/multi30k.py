@@ -140,6 +140,7 @@ TRADEOFF = (
     _quality("revlstm-hidden-bi-bpe8k", "revlstm", "hidden", "3"),
     _quality("revlstm-emb+slice100-bi-bpe8k", "revlstm", "emb+slice", "3", slice_dim=100),
     _quality("revlstm-emb+slice100-5bit-bi-bpe8k", "revlstm", "emb+slice", "5", slice_dim=100),
+    _quality("revlstm-emb+slice100-nolimit-bi-bpe8k", "revlstm", "emb+slice", "none", slice_dim=100),
     _quality("revgru-hidden-bi-bpe8k", "revgru", "hidden", "3"),
 )
 ENSEMBLE = "ensemble-reversible"  # the reversible quality models' averaged checkpoints, decoded together

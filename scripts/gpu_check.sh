@@ -14,8 +14,9 @@
 #    revnmt-train's own tokens/s against the cuDNN GRU's (benchmarks/train_speed.py --device cuda), and
 #    revnmt-memory's report with the token batch that fits 8 GiB of the allocator's reserved memory. Needs
 #    Multi30K (REVNMT_DATA or ./data/multi30k; skipped where neither has it: there is no download on a GPU node);
-# 6. the IWSLT-size step as the batch grows, 64 to 32,768 sentences of 25 tokens, GRU on cuDNN against RevGRU with
-#    decoder chunks of 2 and 8 steps (benchmarks/batch_scaling.py: step time, tokens/s, allocator peak).
+# 6. the IWSLT-size step as the batch grows, 64 to 32,768 sentences of 25 tokens, GRU on cuDNN against RevGRU on the
+#    per-step and on the persistent sweep kernels, decoder chunks of 8 steps (benchmarks/batch_scaling.py: step time,
+#    tokens/s, allocator peak).
 # Every step has a time limit (seconds, in LIMITS below); a step past it counts as failed (exit 124).
 # Writes a log and JSON per step into OUTDIR and a summary, OUTDIR/gpu_check.json; exits 1 if a step failed.
 # Uses .venv if there is one (bash scripts/setup.sh dev), else the python3 on PATH with torch and triton.
@@ -102,8 +103,8 @@ if [ "$what" != checks ]; then
     else
         echo "== iwslt: skipped, Multi30K not found (set REVNMT_DATA)"
     fi
-    step batch-scale "$py" benchmarks/batch_scaling.py --device cuda --lengths 25 --decoder-chunk-steps 2 8 --deadline 140 \
-        --json "$out/batch-scale.json"
+    step batch-scale "$py" benchmarks/batch_scaling.py --device cuda --lengths 25 --decoder-chunk-steps 8 \
+        --sweep-kernels steps persistent --deadline 140 --json "$out/batch-scale.json"
 fi
 rm -rf "$out/runs" "$out/prepared" "$toy"  # checkpoints are large and prove nothing the logs do not
 

@@ -13,7 +13,7 @@ from revnmt.checkpoints.record import Checkpoint
 # Model options that change how a model trains or computes, not the function its weights define: the
 # runs of checkpoints that differ only in these may be averaged (a resumed run may change the first two).
 _NOT_ARCHITECTURE = ("buffer_backend", "checkpoint_steps", "buffer_lanes", "buffer_tile", "decoder_chunk_steps",
-                     "logit_block", "dropout")
+                     "sweep_kernels", "logit_block", "dropout")
 # Data options that do not change how text becomes tokens: only the length of training pairs and the
 # default truncation of inputs.
 _NOT_TOKENIZATION = ("max_len",)

@@ -158,12 +158,21 @@ class ExecutionConfig:
                                       help="reversible RNNs: decoder steps undone before their attention and loss "
                                       "are backpropagated in one batched call; more is faster and holds more memory "
                                       "per sentence")
+    sweep_kernels: str = option("steps", choices=backends.SWEEP_KERNELS, role=RUN_DEFINING,
+                                help="reversible RNNs on the triton backend: what runs a stack's sweeps. steps: fused "
+                                "kernels a few launches a layer and time step (default; the faster on an H200 at "
+                                "every batch measured); persistent: one launch a forward sweep and one a chunk of the "
+                                "reverse, where the kernels support the stack (RevGRU, RevLSTM; tiles of up to 32 "
+                                "sentences, up to 16 lanes), else steps (docs/gpu.md#persistent-sweeps-measured)")
 
     def check_for(self, model: ModelConfig) -> ExecutionConfig:
         """Raise ValueError if this does not apply to ``model``'s family; return self."""
         if self.checkpoint_steps is not None and model.reversible:
             raise ValueError("--checkpoint-steps is for ordinary RNNs (gru, lstm): reversible ones keep no "
                              "states to checkpoint")
+        if self.sweep_kernels == "persistent" and self.buffer_backend not in ("auto", "triton"):
+            raise ValueError(f"--sweep-kernels persistent runs on the triton backend, not "
+                             f"--buffer-backend {self.buffer_backend}")
         return self
 
     def __post_init__(self) -> None:

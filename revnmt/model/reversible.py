@@ -76,7 +76,7 @@ class ReversibleSeq2Seq(Seq2Seq):
         def make(slice_dim: int, **chunk) -> ReversibleRNN:
             return ReversibleRNN(cfg.rnn, cfg.emb_dim, cfg.hidden_size, cfg.layers, cfg.dropout,
                                  cfg.max_forget_bits, slice_dim, run.buffer_lanes, run.buffer_backend,
-                                 buffer_tile=run.buffer_tile, **chunk)
+                                 buffer_tile=run.buffer_tile, sweep_kernels=run.sweep_kernels, **chunk)
         # only the encoder stores units of its top layer for attention
         k = cfg.stored_per_direction
         encoder = BidirectionalReversibleRNN(make(k), make(k)) if cfg.bidirectional else make(k)

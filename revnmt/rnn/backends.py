@@ -59,7 +59,10 @@ class Backend:
         """The persistent sweep kernels that run ``rnn``'s trained sweeps on this backend over a buffer of ``lanes``
         lanes a row in tiles of ``tile_rows`` rows, or None (the half-steps run them): the one place a stack asks,
         for its forward sweep, again for its backward sweep, which must be the same kernels' (the states' low bits
-        are their products'), and for what its sweeps hold (:meth:`~revnmt.rnn.ReversibleRNN.work_bytes`)."""
+        are their products'), and for what its sweeps hold (:meth:`~revnmt.rnn.ReversibleRNN.work_bytes`). Only a
+        stack built with ``sweep_kernels="persistent"`` gets them (:data:`SWEEP_KERNELS`)."""
+        if rnn.sweep_kernels != "persistent":
+            return None
         sweeps = _imported(self.sweeps)
         return sweeps if sweeps is not None and sweeps.supports(rnn, lanes, tile_rows) else None
 
@@ -97,6 +100,13 @@ _REGISTRY = {name: Backend(name, **_ADDED[name]) for name in backends.NAMES}
 
 #: Every backend by name (read-only).
 BACKENDS: Mapping[str, Backend] = MappingProxyType(_REGISTRY)
+
+
+#: The kernels that can run a stack's trained sweeps. ``steps``: the backend's fused half-steps, a few launches a layer,
+#: half and time step (the default: the faster on an H200 at every batch measured, docs/gpu.md#persistent-sweeps-
+#: measured). ``persistent``: one launch a forward sweep and one a chunk of the reverse, where the backend has such
+#: kernels and they support the stack (:attr:`Backend.sweeps`; else the half-steps run it).
+SWEEP_KERNELS: tuple[str, ...] = ("steps", "persistent")
 
 
 def _registered(name: str) -> Backend:

@@ -98,12 +98,16 @@ class ReversibleRNN(nn.Module):
         buffer_tile: sentences per tile of the information buffer (:mod:`buffers.words`): a tile's lanes
             overflow together onto a stack of the tile's own, so a sentence's states depend on its tile's
             sentences only. Part of what a run computes, like the lanes.
+        sweep_kernels: what runs the trained sweeps (:data:`~revnmt.rnn.backends.SWEEP_KERNELS`): ``"steps"``,
+            the backend's fused half-steps, or ``"persistent"``, one launch a sweep where the backend has such
+            kernels (:meth:`Backend.persistent <revnmt.rnn.backends.Backend.persistent>`). Part of what a run
+            computes: the persistent kernels compute their own products.
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0,
                  max_forget_bits: int | None = 3, slice_dim: int = 0, buffer_lanes: int | None = None,
                  buffer_backend: str = "auto", chunk_steps: int = PROJECTION_STEPS,
-                 buffer_tile: int = TILE_ROWS) -> None:
+                 buffer_tile: int = TILE_ROWS, sweep_kernels: str = "steps") -> None:
         super().__init__()
         if cell not in REV_CELLS:
             raise ValueError(f"unknown reversible cell {cell!r}; choose one of {sorted(REV_CELLS)}")
@@ -118,6 +122,9 @@ class ReversibleRNN(nn.Module):
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be positive, got {chunk_steps}")
         backends.check_name(buffer_backend)
+        if sweep_kernels not in backends.SWEEP_KERNELS:
+            raise ValueError(f"unknown sweep kernels {sweep_kernels!r}; choose one of "
+                             f"{', '.join(backends.SWEEP_KERNELS)}")
         self.limit = ForgetLimit(max_forget_bits)
         self.cells: nn.ModuleList = nn.ModuleList(
             REV_CELLS[cell](input_size if layer == 0 else hidden_size, hidden_size, self.limit)
@@ -125,7 +132,7 @@ class ReversibleRNN(nn.Module):
         )
         self.hidden_size, self.num_layers, self.dropout = hidden_size, num_layers, dropout
         self.slice_dim, self.buffer_lanes, self.buffer_tile = slice_dim, buffer_lanes, buffer_tile
-        self.buffer_backend, self.chunk_steps = buffer_backend, chunk_steps
+        self.buffer_backend, self.chunk_steps, self.sweep_kernels = buffer_backend, chunk_steps, sweep_kernels
         self._backends: dict[torch.device, Backend] = {}
         #: The stack levels a forward sweep's buffer gets, learned from the sweeps before (not a parameter: a run
         #: computes the same bits whatever it learns, see buffers.room).

@@ -266,7 +266,8 @@ def test_the_decoders_reverse_by_chunks_matches_the_torch_reversal(cell):
     runs = []
     for backend in ("torch", "triton"):
         stack = ReversibleRNN(cell, IN, HIDDEN, num_layers=LAYERS, slice_dim=SLICE, buffer_lanes=LANES,
-                              buffer_tile=TILE, buffer_backend=backend, chunk_steps=4).to(DEVICE)
+                              buffer_tile=TILE, buffer_backend=backend, chunk_steps=4,
+                              sweep_kernels="persistent").to(DEVICE)
         stack.load_state_dict(rnn.state_dict())
         inputs, asked = TensorInput(x), []
 
@@ -294,7 +295,7 @@ def test_a_backward_sweep_holds_what_its_accounting_charges(cell, outputs):
     # backward sweep makes stay within it at their peak, and it is not a loose bound.
     torch.manual_seed(0)
     rnn = ReversibleRNN(cell, IN, HIDDEN, num_layers=LAYERS, slice_dim=SLICE, buffer_lanes=LANES, buffer_tile=TILE,
-                        buffer_backend="triton", chunk_steps=4).to(DEVICE)
+                        buffer_backend="triton", chunk_steps=4, sweep_kernels="persistent").to(DEVICE)
     x = torch.randn(STEPS, BATCH, IN, device=DEVICE)
     inputs, mask = TensorInput(x), torch.ones(STEPS, BATCH, dtype=torch.bool, device=DEVICE)
     tape = rnn.forward_sweep(inputs, mask)
@@ -331,12 +332,17 @@ def test_the_triton_backend_runs_a_stack_sweep_in_one_launch_and_a_launch_a_chun
     # The seam: ReversibleRNN asks its backend (revnmt.rnn.backends.Backend.persistent) once per sweep. A stack's
     # forward is one launch for all its steps and layers, its reverse one per chunk of weight_grad_steps steps (4: 6
     # steps are 2 launches), or, with gradients of its outputs, two (a peek and a reverse) per chunk of its
-    # chunk_steps (2: 6 steps are 6 launches).
+    # chunk_steps (2: 6 steps are 6 launches). Only a stack that asks for the persistent kernels gets them.
     steps, batch = 6, 4
-    rnn = ReversibleRNN(cell, IN, 16, num_layers=2, slice_dim=3, buffer_backend="triton").to(DEVICE)
     x = torch.randn(steps, batch, IN, device=DEVICE)
     mask = torch.ones(steps, batch, dtype=torch.bool, device=DEVICE)
     inputs = TensorInput(x)
+    default = ReversibleRNN(cell, IN, 16, num_layers=2, slice_dim=3, buffer_backend="triton").to(DEVICE)
+    with LaunchCounter() as steps_run:
+        default.forward_sweep(inputs, mask)
+    assert "_forward_kernel" not in steps_run.names and any(name.startswith("_") for name in steps_run.names)
+    rnn = ReversibleRNN(cell, IN, 16, num_layers=2, slice_dim=3, buffer_backend="triton",
+                        sweep_kernels="persistent").to(DEVICE)
     with LaunchCounter() as forward:
         tape = rnn.forward_sweep(inputs, mask)
     with LaunchCounter() as backward:
