@@ -24,9 +24,10 @@ the tables the kernels read once per device).
 - every Triton launch's grid (all are the fused step kernels' or the buffer's): the smallest and the largest
   number of programs, and each kernel's grids with their launches;
 - host reads inside the four sweeps (``.item()``, ``int()``, ``tolist()``, ``torch.equal``, indexing with a mask,
-  ...: ``revnmt.profiling.launches.reads_host``), with the buffers checking bad input lazily, as on CUDA, apart from
-  the one read that ends each sweep (``host_reads_at_sweep_ends``: a forward sweep's error code and stack height, a
-  reverse's exactness guard);
+  ...: ``revnmt.profiling.launches.reads_host``), with the buffers checking bad input lazily, as on CUDA, and the
+  reads of the checks the sweeps leave (``checks``, ``host_reads_at_checks``: the model reads its forward sweeps'
+  error codes and stack heights together after the decoder's forward sweep, and both exactness guards after the
+  encoder's reverse, :func:`revnmt.rnn.tape.settle`);
 - forward sweeps run again because their stack outgrew the room it was given before the sweep (``reruns``,
   :class:`buffers.StackRoom`).
 
@@ -40,9 +41,9 @@ and the traces of two batches of one shape equal to each other.
 
 With ``--json FILE`` it writes a list of records, one per (model, B, T): ``rnn``, ``batch``, ``length``,
 ``launches`` (per step), ``launches_per_time_step``, ``triton_launches``, ``min_programs`` and ``max_programs``
-(over the Triton launches), ``host_reads`` (inside the sweeps; ``host_reads_at_sweep_ends`` at their ends,
-``host_reads_in_step`` in the whole step), ``reruns``, each sweep's launches and reads (``sweeps``) and each
-kernel's grids (``grids``).
+(over the Triton launches), ``host_reads`` (inside the sweeps; ``checks`` and ``host_reads_at_checks`` when the
+sweeps' checks are read, ``host_reads_in_step`` in the whole step), ``reruns``, each sweep's launches and reads
+(``sweeps``) and each kernel's grids (``grids``).
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ from unittest import mock
 import torch
 from machine import cpu_name
 
-from buffers import InformationBuffer
 from revnmt.memory.budget import synthetic_batch
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
+from revnmt.model import reversible as reversible_model
 from revnmt.model.loss import logit_block
 from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversibleRNN
 from revnmt.rnn.backends import SWEEP_KERNELS
+from revnmt.rnn.tape import settle
 
 # torch.backends.mkldnn.flags() also sets oneDNN's TF32 switch, which warns on a CPU-only torch.
 warnings.filterwarnings("ignore", "TF32 acceleration on top of oneDNN")
@@ -80,29 +82,33 @@ _WARM_UP = (2, 3)  # sentences, tokens
 
 @contextlib.contextmanager
 def _sweeps_noted(model, counter: LaunchCounter, reruns: Counter) -> Iterator[None]:
-    """Every sweep of ``model`` noted as a section of ``counter``'s launches ("encoder forward", ...), the read that
-    ends it as a section "end" inside it (:meth:`~buffers.InformationBuffer.settle`: a forward sweep's error code
-    and stack height, a reverse's exactness guard), and the times each forward sweep ran again because its stack
-    outgrew its room, counted in ``reruns``."""
+    """Every sweep of ``model`` noted as a section of ``counter``'s launches ("encoder forward", ...), every read of
+    the checks the sweeps left (:func:`revnmt.rnn.tape.settle`, called by the model after its forward sweeps and
+    after its reverses: the forward sweeps' error codes and stack heights, the reverses' exactness guards) as a
+    section "checks", and the times each stack's forward sweep ran again because its stack outgrew its room,
+    counted in ``reruns`` ("encoder", "decoder")."""
     def noted(method, kind: str):
         def sweep(rnn: ReversibleRNN, *args, **kwargs):
-            label = f"{'decoder' if rnn is model.decoder else 'encoder'} {kind}"
-            before = rnn.stack_room.reruns
-            with counter.section(label):
-                result = method(rnn, *args, **kwargs)
-            reruns[label] += rnn.stack_room.reruns - before
-            return result
+            with counter.section(f"{_stack(model, rnn)} {kind}"):
+                return method(rnn, *args, **kwargs)
         return sweep
 
-    def settle(buffer: InformationBuffer, *scalars):
-        with counter.section("end"):
-            return InformationBuffer_settle(buffer, *scalars)
+    def checks_noted(*tapes):
+        with counter.section("checks"):
+            return settle(*tapes)
 
-    InformationBuffer_settle = InformationBuffer.settle
+    stacks = [module for module in model.modules() if isinstance(module, ReversibleRNN)]
+    before = [rnn.stack_room.reruns for rnn in stacks]
     with (mock.patch.object(ReversibleRNN, "forward_sweep", noted(ReversibleRNN.forward_sweep, "forward")),
           mock.patch.object(ReversibleRNN, "backward_sweep", noted(ReversibleRNN.backward_sweep, "reverse")),
-          mock.patch.object(InformationBuffer, "settle", settle)):
+          mock.patch.object(reversible_model, "settle", checks_noted)):
         yield
+    for rnn, runs in zip(stacks, before):
+        reruns[_stack(model, rnn)] += rnn.stack_room.reruns - runs
+
+
+def _stack(model, rnn: ReversibleRNN) -> str:
+    return "decoder" if rnn is model.decoder else "encoder"
 
 
 def traced_model(rnn: str, layers: int, emb_dim: int, hidden_size: int, slice_dim: int, src_vocab: int,
@@ -139,23 +145,21 @@ def summarize(counter: LaunchCounter, reruns: Counter, rnn: str, sentences: int,
     """One record of the trace: launches, grids and host reads of a step, in all and by sweep."""
     grids = Counter((launch.name, launch.grid) for launch in counter.launches if launch.grid is not None)
     programs = [launch.programs for launch in counter.launches if launch.grid is not None]
-    ends = [section for section in counter.sections if section.label == "end"]
+    checks = [section for section in counter.sections if section.label == "checks"]
     sweeps = []
     for section in counter.sections:
-        if section.label == "end":
+        if section.label == "checks":
             continue
         launches = counter.launches[section.start:section.end]
-        at_end = sum(launch.reads_host for end in ends if section.start <= end.start < section.end
-                     for launch in counter.launches[end.start:end.end])
         sweeps.append({"sweep": section.label, "launches": len(launches),
                        "triton_launches": sum(launch.grid is not None for launch in launches),
-                       "host_reads": sum(launch.reads_host for launch in launches) - at_end,
-                       "host_reads_at_end": at_end, "reruns": reruns[section.label]})
+                       "host_reads": sum(launch.reads_host for launch in launches)})
     return {"rnn": rnn, "batch": sentences, "length": length, "launches": counter.count,
             "launches_per_time_step": counter.count / length, "triton_launches": len(programs),
             "min_programs": min(programs), "max_programs": max(programs),
-            "host_reads": sum(sweep["host_reads"] for sweep in sweeps),
-            "host_reads_at_sweep_ends": sum(sweep["host_reads_at_end"] for sweep in sweeps),
+            "host_reads": sum(sweep["host_reads"] for sweep in sweeps), "checks": len(checks),
+            "host_reads_at_checks": sum(launch.reads_host for section in checks
+                                        for launch in counter.launches[section.start:section.end]),
             "host_reads_in_step": counter.host_reads, "reruns": sum(reruns.values()), "sweeps": sweeps,
             "grids": [{"kernel": name, "grid": list(grid), "launches": n} for (name, grid), n in grids.items()]}
 
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
           f"layers {args.layers}, units {args.hidden_size}, emb+slice attention with {args.slice_dim} slice units, "
           f"decoder chunks of {args.decoder_chunk_steps} steps, sweep kernels {args.sweep_kernels}")
     print(f"{'rnn':8s} {'B':>5s} {'T':>4s} {'launches':>9s} {'per token':>9s} {'triton':>7s} {'min prog':>9s} "
-          f"{'max prog':>9s} {'host reads':>10s} {'at ends':>7s} {'reruns':>6s}", flush=True)
+          f"{'max prog':>9s} {'host reads':>10s} {'at checks':>9s} {'reruns':>6s}", flush=True)
     sizes = {name: getattr(args, name) for name in IWSLT}
     records = []
     for rnn in args.rnn:
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{rnn:8s} {sentences:5d} {length:4d} {record['launches']:9,d} "
                       f"{record['launches_per_time_step']:9.1f} {record['triton_launches']:7,d} "
                       f"{record['min_programs']:9,d} {record['max_programs']:9,d} {record['host_reads']:10d} "
-                      f"{record['host_reads_at_sweep_ends']:7d} {record['reruns']:6d}", flush=True)
+                      f"{record['host_reads_at_checks']:9d} {record['reruns']:6d}", flush=True)
         del model
     if args.json:
         for record in records:

@@ -164,6 +164,16 @@ class InformationBuffer:
         with at least that room."""
         return self.words.settle(*scalars)
 
+    def to_settle(self, *scalars: torch.Tensor) -> list[torch.Tensor]:
+        """:meth:`settle`'s reads as device scalars, for a caller that reads several buffers' in one host read and
+        passes each its values (:meth:`conclude`)."""
+        return self.words.to_settle(*scalars)
+
+    def conclude(self, values: list[int]) -> list[int]:
+        """:meth:`settle` from values read already (those :meth:`to_settle` named): raise bad input, else return
+        the height and the scalars' values."""
+        return self.words.conclude(values)
+
     def live_words(self) -> torch.Tensor:
         """Live words not zero, a device scalar (no host read): 0, with every height 0 and no push left, is
         an empty buffer."""

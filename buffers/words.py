@@ -248,9 +248,19 @@ class WordStack:
         """Raise the recorded error, if any, else return the highest tile's stack height and the integer device
         ``scalars`` a caller needs at the same time: one host read of them all, after a sweep. A height above
         :attr:`capacity` means a fixed room was too small, and by how much."""
-        code, *values = torch.stack([self.status.long()[0], self.top.max(), *(x.long() for x in scalars)]).tolist()
+        return self.conclude(torch.stack(self.to_settle(*scalars)).tolist())
+
+    def to_settle(self, *scalars: torch.Tensor) -> list[torch.Tensor]:
+        """What :meth:`settle` reads, as device scalars (int64), for a caller that reads several buffers' at once
+        and passes each its values back (:meth:`conclude`)."""
+        return [self.status.long()[0], self.top.max(), *(x.long() for x in scalars)]
+
+    def conclude(self, values: list[int]) -> list[int]:
+        """:meth:`settle`'s end, from the values :meth:`to_settle` named, read: raise the recorded error, if any,
+        else return the height and the scalars' values."""
+        code, *rest = values
         self._raise(code)
-        return values
+        return rest
 
     def _raise(self, code: int) -> None:
         if code != OK:

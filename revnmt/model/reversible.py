@@ -25,6 +25,7 @@ import torch
 from buffers import straight_through, to_fixed, to_float
 from revnmt.data.vocab import PAD
 from revnmt.rnn import BidirectionalReversibleRNN, BidirectionalTape, ReversibleRNN, Tape
+from revnmt.rnn.tape import settle
 
 from .bridge import Bridge
 from .config import ModelConfig
@@ -111,21 +112,27 @@ class ReversibleSeq2Seq(Seq2Seq):
             total = total + loss.nll  # stays on the device: no sync per chunk
             return query.grad
 
-        enc_final_grad = start.backward(self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads))
+        enc_final_grad = start.backward(self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads,
+                                                                    defer_checks=True))
         memory.backward(memory_grad)
         self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
-                                    slice_grad=None if stored is None else stored.grad)
+                                    slice_grad=None if stored is None else stored.grad, defer_checks=True)
+        settle(dec_tape, enc_tape)  # both exactness guards, one host read
         return StepResult(total, held)
 
     def forward_sweeps(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, masks: DropoutMasks
                        ) -> tuple[EmbeddedTokens, EmbeddedTokens, EncoderTape, Tape, DecoderStart]:
         """Encoder and decoder forward sweeps (time-major ids): returns the recomputable inputs, the
-        tapes and the decoder's start, i.e. everything kept for the backward sweeps."""
+        tapes and the decoder's start, i.e. everything kept for the backward sweeps. The sweeps' checks are read
+        together at the end, one host read for the step's forward (the decoder's sweep reads only the encoder's
+        states, which are right before the encoder's buffer is known to be complete)."""
         enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
         dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
-        enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder)
+        enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder, defer_checks=True)
         start = DecoderStart(self.bridge, enc_tape)
-        dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=start.states, dropout=masks.decoder)
+        dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=start.states, dropout=masks.decoder,
+                                              defer_checks=True)
+        settle(enc_tape, dec_tape)
         return enc_in, dec_in, enc_tape, dec_tape, start
 
     def _held_bytes(self, batch: int, enc_tape: EncoderTape, dec_tape: Tape, stored: torch.Tensor | None,

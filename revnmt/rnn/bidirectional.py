@@ -23,7 +23,7 @@ from torch import nn
 from .inputs import ReversedInput, SequenceInput
 from .ordinary import OrdinaryRNN
 from .reversible import ReversibleRNN
-from .tape import Tape
+from .tape import Tape, settle
 
 
 @dataclass
@@ -46,6 +46,10 @@ class BidirectionalTape:
 
     def held_bytes(self) -> int:
         return sum(tape.held_bytes() for tape in self.directions)
+
+    def pop_checks(self) -> list:
+        """Both directions' checks (:meth:`Tape.pop_checks`), the forward direction's first."""
+        return [check for tape in self.directions for check in tape.pop_checks()]
 
     def stored_bits(self) -> dict[str, float]:
         bits = [tape.stored_bits() for tape in self.directions]
@@ -77,29 +81,39 @@ class BidirectionalReversibleRNN(nn.Module):
 
     def forward_sweep(self, inputs: SequenceInput, mask: torch.Tensor,
                       dropout: list[list[torch.Tensor | None]] | None = None,
-                      reversible: bool = True) -> BidirectionalTape:
-        """Both directions' forward sweeps (:meth:`ReversibleRNN.forward_sweep`) over time-major ``inputs``."""
+                      reversible: bool = True, defer_checks: bool = False) -> BidirectionalTape:
+        """Both directions' forward sweeps (:meth:`ReversibleRNN.forward_sweep`) over time-major ``inputs``, their
+        checks read once at the end (with ``defer_checks``, left on the tape for the caller's
+        :func:`~revnmt.rnn.tape.settle`)."""
         forward_drop, backward_drop = dropout if dropout is not None else (None, None)
-        forward = self.directions[0].forward_sweep(inputs, mask, dropout=forward_drop, reversible=reversible)
+        forward = self.directions[0].forward_sweep(inputs, mask, dropout=forward_drop, reversible=reversible,
+                                                   defer_checks=True)
         backward = self.directions[1].forward_sweep(ReversedInput(inputs), mask.flip(0), dropout=backward_drop,
-                                                    reversible=reversible)
-        return BidirectionalTape(forward, backward)
+                                                    reversible=reversible, defer_checks=True)
+        tape = BidirectionalTape(forward, backward)
+        if not defer_checks:
+            settle(tape)
+        return tape
 
     def backward_sweep(self, tape: BidirectionalTape, inputs: SequenceInput,
                        grad_final: tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None = None,
-                       slice_grad: torch.Tensor | None = None) -> list[list[torch.Tensor]]:
-        """Reverse both directions (each checked exact), accumulating gradients; returns the gradients of both
-        directions' initial states."""
+                       slice_grad: torch.Tensor | None = None, defer_checks: bool = False) -> list[list[torch.Tensor]]:
+        """Reverse both directions, accumulating gradients; returns the gradients of both directions' initial
+        states. Both are checked exact in one read at the end (with ``defer_checks``, by the caller's
+        :func:`~revnmt.rnn.tape.settle`)."""
         grad_final = grad_final if grad_final is not None else (None, None)
         k = self.slice_dim
         forward_slices = backward_slices = None
         if slice_grad is not None:
             forward_slices = slice_grad[..., :k].contiguous()
             backward_slices = slice_grad[..., k:].flip(0)  # into the backward direction's time
-        return [self.directions[0].backward_sweep(tape.forward, inputs, grad_final=grad_final[0],
-                                                  slice_grad=forward_slices),
-                self.directions[1].backward_sweep(tape.backward, ReversedInput(inputs), grad_final=grad_final[1],
-                                                  slice_grad=backward_slices)]
+        grads = [self.directions[0].backward_sweep(tape.forward, inputs, grad_final=grad_final[0],
+                                                   slice_grad=forward_slices, defer_checks=True),
+                 self.directions[1].backward_sweep(tape.backward, ReversedInput(inputs), grad_final=grad_final[1],
+                                                   slice_grad=backward_slices, defer_checks=True)]
+        if not defer_checks:
+            settle(tape)
+        return grads
 
     def forward_autograd(self, x: torch.Tensor, mask: torch.Tensor,
                          dropout: list[list[torch.Tensor | None]] | None = None):

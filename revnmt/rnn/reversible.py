@@ -43,7 +43,7 @@ from .backends import Backend
 from .cells import REV_CELLS, RecurrentGrads, Sweep, SweepWeights
 from .inputs import InputProjection, SequenceInput, project_steps
 from .reversal import BackwardSweep, OutputGrads
-from .tape import Tape
+from .tape import Check, Tape, settle
 
 #: Steps per chunk when a stack is given none (``chunk_steps``): layer 0's input projections are computed this many
 #: steps per matrix product (see InputProjection). Longer chunks are faster, but a chunk is held memory, steps x batch
@@ -249,14 +249,18 @@ class ReversibleRNN(nn.Module):
 
     @torch.no_grad()
     def forward_sweep(self, inputs: SequenceInput, mask: torch.Tensor, initial: list[torch.Tensor] | None = None,
-                      dropout: list[torch.Tensor | None] | None = None, reversible: bool = True) -> Tape:
+                      dropout: list[torch.Tensor | None] | None = None, reversible: bool = True,
+                      defer_checks: bool = False) -> Tape:
         """Run all steps without autograd; keep only what reversal needs (see module docstring).
 
         The buffer's stack gets the room :attr:`stack_room` gives a sweep of this length, and nothing is read
         on the host until the sweep has run; then one read (:meth:`~buffers.InformationBuffer.settle`) raises
         bad input or finds that the room was too small. Then the sweep runs again, with the room that the sweeps
         after it will get, which holds it: its pushes computed the same states whatever the stack could hold, so
-        the rerun is the same sweep.
+        the rerun is the same sweep, and only its buffer replaces the first one's. With ``defer_checks`` that read
+        is left on the tape (:class:`~.tape.Check`) for the caller, who reads it with those of other sweeps
+        (:func:`~.tape.settle`) before the tape is reversed: the tape's states and slices are already right, and
+        only its buffer may be incomplete until then.
 
         ``reversible=False`` (inference, e.g. encoding for translation) uses no buffer: the forgotten
         bits are dropped, as in :meth:`step`, and the tape cannot be reversed. This also makes each
@@ -282,15 +286,23 @@ class ReversibleRNN(nn.Module):
                 return self._forward_steps(inputs, mask, initial, dropout, buffer)
 
             tape = sweep()
-            height, = tape.buffer.settle()  # the sweep's one host read
-            rerun = height > tape.buffer.capacity
-            self.stack_room.record(height, pushes, rerun)
-            if rerun:  # with the room the next sweeps get, which holds this one: a step's memory is that of the next
-                tape = None  # its words are incomplete: let them go before the rerun holds its own
-                tape = sweep()
-                if tape.buffer.settle() != [height]:
-                    raise ReversalError("a forward sweep run again with the same inputs reached another stack height: "
-                                        "its kernels are not deterministic, and reversal could not be exact")
+
+            def conclude(values: list[int]) -> None:
+                height, = tape.buffer.conclude(values)
+                rerun = height > tape.buffer.capacity
+                self.stack_room.record(height, pushes, rerun)
+                if rerun:  # with the room the next sweeps get, which holds this one: a step's memory is the next's
+                    tape.buffer = None  # its words are incomplete: let them go before the rerun holds its own
+                    with exact_float32(device):  # a deferred check is read after this context has closed
+                        tape.buffer = sweep().buffer
+                    if tape.buffer.settle() != [height]:
+                        raise ReversalError("a forward sweep run again with the same inputs reached another stack "
+                                            "height: its kernels are not deterministic, and reversal could not be "
+                                            "exact")
+
+            tape.checks.append(Check(tape.buffer.to_settle(), conclude))  # the sweep's one host read
+            if not defer_checks:
+                settle(tape)
         return tape
 
     def _forward_steps(self, inputs: SequenceInput, mask: torch.Tensor, initial: list[torch.Tensor] | None,
@@ -326,8 +338,8 @@ class ReversibleRNN(nn.Module):
         return tape
 
     def backward_sweep(self, tape: Tape, inputs: SequenceInput, grad_final: list[torch.Tensor | None] | None = None,
-                       output_grads: OutputGrads | None = None,
-                       slice_grad: torch.Tensor | None = None) -> list[torch.Tensor]:
+                       output_grads: OutputGrads | None = None, slice_grad: torch.Tensor | None = None,
+                       defer_checks: bool = False) -> list[torch.Tensor]:
         """Reverse the sweep step by step, accumulating parameter gradients into ``.grad``.
 
         Without ``output_grads`` (or with chunks of one step) each step is undone and backpropagated
@@ -342,12 +354,17 @@ class ReversibleRNN(nn.Module):
                 The decoder computes attention and the loss of a chunk here, so logits never exist
                 for all steps at once.
             slice_grad: [T, B, k] gradient w.r.t. the stored slices.
+            defer_checks: leave the exactness guard's read on the tape (:class:`~.tape.Check`) for the caller,
+                who reads it with other sweeps' (:func:`~.tape.settle`) before the gradients are used.
         Returns:
             The gradient w.r.t. each layer's initial state (real values).
         Raises:
             ReversalError: the reconstructed initial state or the emptied buffer is not exact.
-            ValueError: the tape was recorded with ``reversible=False``.
+            ValueError: the tape was recorded with ``reversible=False``, or its forward sweep's check is unread.
         """
+        if tape.checks:
+            raise ValueError("the forward sweep's check has not been read (settle(tape)): its buffer may be "
+                             "incomplete")
         if tape.buffer is None:
             raise ValueError("this tape was recorded without a buffer (forward_sweep(reversible=False), for "
                              "inference) and cannot be reversed")
@@ -363,15 +380,26 @@ class ReversibleRNN(nn.Module):
         except (BufferError, FixedPointOverflowError) as err:
             # A wrong reconstruction drives the state or the buffer out of range before the end.
             raise ReversalError(f"reversal went off the exact path ({err}); gradients would be wrong") from err
-        self._check_exact(tape)
+        tape.checks.append(self._exactness_check(tape))
+        if not defer_checks:
+            settle(tape)
         return grads
 
-    def _check_exact(self, tape: Tape) -> None:
+    @staticmethod
+    def _exactness_check(tape: Tape) -> Check:
+        """The guard after a reverse: the rebuilt initial states equal the true ones and the buffer is empty. Read
+        in one host read (on a GPU every read waits for the device): the error code, the highest stack, the live
+        words left and each layer's wrong values."""
         buffer = tape.buffer
         wrong = [(got != want).sum() for got, want in zip(tape.states, tape.initial)]
-        # One host read for the whole guard (on a GPU every read waits for the device): the error code, the highest
-        # stack, the live words left and each layer's wrong values.
-        height, live_words, *wrong = buffer.settle(buffer.live_words(), *wrong)
+        return Check(buffer.to_settle(buffer.live_words(), *wrong),
+                     lambda values: ReversibleRNN._conclude_exact(tape, values))
+
+    @staticmethod
+    def _conclude_exact(tape: Tape, values: list[int]) -> None:
+        """Raise ReversalError unless the guard's values (:meth:`_exactness_check`) say the reverse was exact."""
+        buffer = tape.buffer
+        height, live_words, *wrong = buffer.conclude(values)
         for layer, (n, want) in enumerate(zip(wrong, tape.initial)):
             if n:
                 raise ReversalError(

@@ -1,8 +1,10 @@
-"""What a forward sweep keeps for the backward sweep: the tape of a reversible stack."""
+"""What a forward sweep keeps for the backward sweep: the tape of a reversible stack, and the checks its sweeps leave
+on the device until the caller reads them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +25,12 @@ class Tape:
     dropout: list[torch.Tensor | None]  # per layer: mask on its input (layer 0's is the caller's)
     slices: torch.Tensor | None  # [T, B, k] int32: top layer output[:, :k] after each step
     guard: OverflowGuard | None  # range errors of an inference sweep (a buffer keeps its own)
+    checks: list[Check] = field(default_factory=list)  # what its sweeps left to read (:func:`settle`)
+
+    def pop_checks(self) -> list[Check]:
+        """The checks its sweeps left, now the caller's to read."""
+        checks, self.checks = self.checks, []
+        return checks
 
     def held_bytes(self) -> int:
         """Bytes the tape holds for the backward sweep: the buffer's reserved words and the int slices."""
@@ -34,3 +42,28 @@ class Tape:
         slice_bits = 0 if self.slices is None else 32 * self.slices.numel()
         return {"buffer_bits": self.buffer.allocated_bits(), "optimal_buffer_bits": self.buffer.optimal_bits(),
                 "slice_bits": slice_bits}
+
+
+@dataclass
+class Check:
+    """What a sweep left to check on the device: integer device scalars (its buffer's error code and height, or
+    the exactness guard's counts) and what to do with their values once read (raise, or run the sweep again).
+
+    A sweep reads nothing on the host, and its end needs one read; a caller that runs several sweeps in a row
+    (a model's encoder and decoder) may leave them all unread and read them together (:func:`settle`): one wait for
+    the device instead of one a sweep, and a run of sweeps with no read between them, as a CUDA graph needs."""
+
+    values: list[torch.Tensor]
+    conclude: Callable[[list[int]], None]
+
+
+def settle(*tapes) -> None:
+    """Read the checks the tapes' sweeps left (:class:`Check`, taken from each tape's ``pop_checks()``) in one
+    host read, and conclude each in the order the sweeps ran. Nothing to read, nothing read."""
+    checks = [check for tape in tapes for check in tape.pop_checks()]
+    if not checks:
+        return
+    values = torch.stack([value for check in checks for value in check.values]).tolist()
+    for check in checks:
+        check.conclude(values[:len(check.values)])
+        values = values[len(check.values):]

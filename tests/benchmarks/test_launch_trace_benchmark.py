@@ -44,9 +44,10 @@ def test_small_run_writes_a_record_per_model_batch_and_length(tmp_path):
         assert 1 <= r["min_programs"] <= r["max_programs"]
         assert [s["sweep"] for s in r["sweeps"]] == ["encoder forward", "decoder forward", "decoder reverse",
                                                      "encoder reverse"]
-        # Nothing is read inside a sweep; each ends with one read (its error code and height, or the guard).
-        assert r["host_reads"] == 0 and all(s["host_reads"] == 0 and s["host_reads_at_end"] == 1 for s in r["sweeps"])
-        assert r["host_reads_at_sweep_ends"] == 4 <= r["host_reads_in_step"] and r["reruns"] == 0
+        # Nothing is read inside a sweep; the step reads the sweeps' checks twice, after the forward sweeps and after
+        # the reverses, and nothing else.
+        assert r["host_reads"] == 0 and all(s["host_reads"] == 0 for s in r["sweeps"])
+        assert r["checks"] == r["host_reads_at_checks"] == r["host_reads_in_step"] == 2 and r["reruns"] == 0
         assert sum(g["launches"] for g in r["grids"]) == r["triton_launches"]
         # Both cells' sweeps run by the persistent kernels (revnmt.rnn.kernels.triton_sweeps).
         assert {g["kernel"] for g in r["grids"]} == {"_forward_kernel", "_reverse_kernel"}

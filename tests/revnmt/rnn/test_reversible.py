@@ -9,6 +9,7 @@ import buffers
 from buffers import FixedPointOverflowError, StackRoom
 from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversalError, ReversibleRNN, TensorInput
+from revnmt.rnn.tape import settle
 
 IN, HID, SLICE = 6, 10, 3
 
@@ -228,6 +229,68 @@ def test_a_sweep_that_outgrows_its_room_runs_again_to_the_same_bits(cell, backen
     for a, b in zip(kept_a + list(init_a) + [x_a], kept_b + list(init_b) + [x_b]):
         assert torch.equal(a, b)
     assert all(torch.equal(grads_a[name], grads_b[name]) for name in grads_a)
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_deferred_checks_of_sweeps_in_a_row_are_one_host_read(cell):
+    # A caller that runs sweeps in a row (a model's encoder and decoder) leaves their checks on the tapes and reads
+    # them together (revnmt.rnn.tape.settle): one host read for two forward sweeps, one for two reverses, where a
+    # sweep alone reads once at its end. Nothing is read inside a sweep. A tape whose check is unread cannot be
+    # reversed. (The torch buffer, checking lazily as on CUDA.)
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 6, buffer_backend="torch")
+    check_lazily(rnn)
+    inputs = TensorInput(x)
+    rnn.forward_sweep(inputs, mask)  # teaches the stack its room: nothing below runs again
+    with LaunchCounter() as alone:
+        rnn.forward_sweep(inputs, mask)
+    with LaunchCounter() as forward:
+        tapes = [rnn.forward_sweep(inputs, mask, defer_checks=True) for _ in range(2)]
+    assert all(tape.checks for tape in tapes) and forward.host_reads == 0
+    with pytest.raises(ValueError, match="has not been read"):
+        rnn.backward_sweep(tapes[0], inputs, grad_final=w_fin)
+    with LaunchCounter() as read_forward:
+        settle(*tapes)
+    assert alone.host_reads == read_forward.host_reads == 1 and not any(tape.checks for tape in tapes)
+    with LaunchCounter() as backward:
+        for tape in tapes:
+            rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grads=lambda s, out: w_out[s],
+                               slice_grad=w_slice, defer_checks=True)
+    with LaunchCounter() as read_backward:
+        settle(*tapes)
+    assert backward.host_reads == 0 and read_backward.host_reads == 1
+    assert rnn.stack_room.reruns == 0
+
+
+@pytest.mark.parametrize("cell", ["revgru", "revlstm"])
+def test_a_deferred_sweep_that_outgrew_its_room_runs_again_when_its_check_is_read(cell):
+    # The rerun waits for the read: until then the tape's states and slices are right and its buffer incomplete;
+    # after it, the tape reverses to the gradients of a sweep that had room from the start, bit for bit.
+    rnn, x, mask, w_out, w_fin, w_slice = _problem(cell, 2, 12, buffer_backend="numba", buffer_tile=2,
+                                                   buffer_lanes=1, max_forget_bits=5)
+    rnn.stack_room = StackRoom(levels_per_push=1.0)  # room no sweep outgrows
+    want, want_x, want_init, _ = _reversal_grads(rnn, x, mask, w_out, w_fin, w_slice)
+    rnn.stack_room = StackRoom(spare=0)
+    rnn.zero_grad()
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask, defer_checks=True)
+    assert rnn.stack_room.sweeps == 0  # nothing learned before the read
+    settle(tape)
+    assert rnn.stack_room.reruns == 1 and tape.buffer.words.capacity >= max(tape.buffer.words.heights())
+    init = rnn.backward_sweep(tape, inputs, grad_final=w_fin, output_grads=lambda s, out: w_out[s],
+                              slice_grad=w_slice)
+    assert all(torch.equal(p.grad, want[name]) for name, p in rnn.named_parameters())
+    assert torch.equal(inputs.grad, want_x) and all(torch.equal(a, b) for a, b in zip(init, want_init))
+
+
+def test_a_deferred_guard_raises_when_read():
+    rnn, x, mask, *_ = _problem("revgru", 1, 20)
+    inputs = TensorInput(x)
+    tape = rnn.forward_sweep(inputs, mask)
+    with torch.no_grad():
+        rnn.cells[0].zr[0].weight.add_(1e-3)
+    rnn.backward_sweep(tape, inputs, defer_checks=True)  # nothing read yet
+    with pytest.raises(ReversalError, match="gradients would be wrong"):
+        settle(tape)
 
 
 def test_forward_matches_autograd_forward_values():
