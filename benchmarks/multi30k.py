@@ -99,6 +99,12 @@ class Model:
     def subwords(self) -> bool:
         return bool(self.text)
 
+    @property
+    def attention_label(self) -> str:
+        """The attention as the tables name it: with the slice's units a direction where they are not 20."""
+        return f"{self.attention} ({self.slice_dim})" if "slice" in self.attention and self.slice_dim != 20 \
+            else self.attention
+
     def options(self) -> list[str]:
         options = ["--rnn", self.rnn, "--attention", self.attention]
         options += ["--slice-dim", str(self.slice_dim)] if "slice" in self.attention else []
@@ -503,7 +509,7 @@ def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> 
         rows = list(csv.DictReader(f, delimiter="\t"))
     best = next((r for r in rows if int(r["step"]) == state.best_step), None)
     result = {
-        "model": model.name, "rnn": model.rnn, "attention": model.attention, "bits": model.bits,
+        "model": model.name, "rnn": model.rnn, "attention": model.attention_label, "bits": model.bits,
         "text": TEXT_LABELS[model.text],
         "finished": (run / "test.json").is_file(),
         "epochs_trained": len(rows),
@@ -560,7 +566,7 @@ def collect_ensemble(args: argparse.Namespace) -> dict | None:
         return None
     first = members[0]  # the members differ in their RNN only
     return {"model": ENSEMBLE, "members": [m.name for m in members], "rnn": " + ".join(m.rnn for m in members),
-            "attention": first.attention, "bits": first.bits, "text": TEXT_LABELS[first.text], **tuned}
+            "attention": first.attention_label, "bits": first.bits, "text": TEXT_LABELS[first.text], **tuned}
 
 
 def budget_tokens(results: list[dict], row: dict) -> int | None:
@@ -578,6 +584,12 @@ def budget_tokens(results: list[dict], row: dict) -> int | None:
 def row_label(row: dict) -> str:
     """The model column: the RNN, and its text unless it reads words."""
     return row["rnn"] if row.get("text", "words") == "words" else f"{row['rnn']} ({row['text']})"
+
+
+def column_label(row: dict) -> str:
+    """A model as a column or a row of the smaller tables names it: RNN, text, attention and forgetting limit."""
+    bits = {"": "", "none": ", no forgetting limit"}.get(row["bits"], f", {row['bits']} bits")
+    return f"{row_label(row)} {row['attention']}{bits}"
 
 
 def num(value: float | None, fmt: str = ".2f") -> str:
@@ -646,13 +658,13 @@ def length_penalty_table(tuned: list[dict]) -> str:
         scores = {penalty_label(point): point["sacrebleu"] for point in tuning["grid"]}
         cells = [("**{:.2f}**" if label == penalty_label(tuning) else "{:.2f}").format(scores[label])
                  if label in scores else "" for label in grid]
-        lines.append(f"| {row_label(r)} {r['attention']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {column_label(r)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def dev_curves(results: list[dict]) -> str:
     """Dev BLEU after every epoch, one column per model: how the runs compare while they train."""
-    head = "| epoch | " + " | ".join(f"{row_label(r)} {r['attention']}" for r in results) + " |"
+    head = "| epoch | " + " | ".join(column_label(r) for r in results) + " |"
     lines = [head, "|---:|" + "---:|" * len(results)]
     for epoch in range(max((r["epochs_trained"] for r in results), default=0)):
         cells = [f"{r['dev_bleu_by_epoch'][epoch]:.2f}" if epoch < r["epochs_trained"] else "" for r in results]

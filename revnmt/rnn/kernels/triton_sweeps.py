@@ -1,5 +1,7 @@
 """RevGRU and RevLSTM sweeps as persistent Triton kernels: one launch for a stack's whole forward sweep, one per
-chunk of steps for its reverse (issue #44, docs: gpu-design-study §3).
+chunk of steps for its reverse (issue #44, docs: gpu-design-study §3). A stack runs them when it asks
+(``--sweep-kernels persistent``): exact, but slower on an H200 than the per-step kernels
+(docs/gpu.md#persistent-sweeps-measured has the figures and what would change them).
 
 Why. The per-step kernels (:mod:`.triton_steps`) launch a few kernels per layer, half and step, so a small batch's
 step is bound by the host's launches, not by the GPU. Here a program owns ``TB`` sentences (:func:`program_rows`)
