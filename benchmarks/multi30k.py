@@ -148,6 +148,7 @@ TRADEOFF = (
     _quality("revlstm-emb+slice100-5bit-bi-bpe8k", "revlstm", "emb+slice", "5", slice_dim=100),
     _quality("revlstm-emb+slice100-nolimit-bi-bpe8k", "revlstm", "emb+slice", "none", slice_dim=100),
     _quality("revgru-hidden-bi-bpe8k", "revgru", "hidden", "3"),
+    _quality("revgru-emb+slice100-bi-bpe8k", "revgru", "emb+slice", "3", slice_dim=100),
 )
 ENSEMBLE = "ensemble-reversible"  # the reversible quality models' averaged checkpoints, decoded together
 MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD + QUALITY + TRADEOFF}
