@@ -211,8 +211,8 @@ def test_the_report_has_a_row_per_tuned_decoding_and_the_ensemble(multi30k, tmp_
 
     # The tuning: one row per tuned system, a column per penalty tried, the chosen one in bold.
     assert "| averaged | average 1 | gnmt 1 | average 0.5 |" in table
-    assert "| revgru (BPE 8k) emb+slice | 31.00 | **31.50** |  |" in table
-    assert "| revgru + revlstm (BPE 8k) emb+slice | 32.50 |  | **33.00** |" in table
+    assert "| revgru (BPE 8k) emb+slice, 3 bits | 31.00 | **31.50** |  |" in table
+    assert "| revgru + revlstm (BPE 8k) emb+slice, 3 bits | 32.50 |  | **33.00** |" in table
 
     report = json.loads((runs / "results.json").read_text())
     revgru, gru, revlstm = report["results"]
