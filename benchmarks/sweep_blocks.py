@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import torch
+from batch_scaling import time_steps
 
-from revnmt.memory.budget import synthetic_batch
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.rnn.kernels import triton_sweeps
 
@@ -40,21 +40,6 @@ def _model(rnn: str, sweep_kernels: str, device: torch.device):
                          tgt_vocab=7886)
     execution = ExecutionConfig(decoder_chunk_steps=8, sweep_kernels=sweep_kernels) if reversible else ExecutionConfig()
     return build_model(config, execution).to(device).train()
-
-
-def _timed(model, sentences: int, length: int, device: torch.device, steps: int = 4) -> tuple[float, float]:
-    """Seconds of the first step and the median of the next ``steps`` − 1."""
-    cfg = model.cfg
-    batch = synthetic_batch(sentences, length, cfg.src_vocab, cfg.tgt_vocab, device)
-    times = []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, normalizer=float(batch.n_tokens))
-        torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times[0], statistics.median(times[1:])
 
 
 def _variant(text: str) -> dict:
@@ -86,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
             if time.time() - start > args.deadline:
                 print(f"{label}: past the deadline", flush=True)
                 return
-            first, step = _timed(model, sentences, args.length, device)
+            times = time_steps(model, sentences, args.length, device)
+            first, step = times[0], statistics.median(times[1:])
             row = {"label": label, "rnn": rnn, "sweep_kernels": sweep_kernels if rnn.startswith("rev") else None,
                    "options": dict(override) if sweep_kernels == "persistent" else None, "sentences": sentences,
                    "length": args.length, "first_s": first, "step_ms": step * 1e3,
