@@ -1,19 +1,21 @@
 """Step time and memory as the batch grows: a reversible model against its ordinary twin, one training step each.
 
     python benchmarks/batch_scaling.py --device cuda [--rnn gru revgru] [--sentences 64 512 2048 8192 32768]
-        [--lengths 25 10] [--decoder-chunk-steps 2 8] [--sweep-kernels steps persistent] [--deadline 140]
-        [--json FILE]
+        [--lengths 25 10] [--decoder-chunk-steps 2 8] [--sweep-kernels steps persistent] [--cuda-graphs off on]
+        [--deadline 140] [--json FILE]
 
 For every model, length and batch size (sentences) it times a training step (forward and backward, no optimizer
 update) on the budget planner's synthetic batches (``revnmt.memory.budget.synthetic_batch``): the first step, which
-compiles what compiles lazily (Triton's kernels on CUDA), and the median of the next three, with the target tokens
+compiles what compiles lazily (Triton's kernels on CUDA), and the median of the last three, with the target tokens
 per second and the CUDA allocator's peak allocated bytes (on CPU: ``null``). The model is the paper's IWSLT size
 unless given (2 layers, 600 units, 600-dim embeddings, ``emb+slice`` with 60 slice units for the reversible cells,
 ``hidden`` attention for the ordinary ones), Multi30K's vocabularies. A reversible model runs once per
 ``--sweep-kernels`` (what runs its sweeps: the per-step kernels or the persistent ones, docs/gpu.md) and
 ``--decoder-chunk-steps`` (decoder steps reversed before their attention and loss run: on a GPU the launches of a
-step fall with a longer chunk, docs/gpu.md#the-launch-trace). A batch that runs out of memory ends that model's sweep
-at that length; so does a first step over 90 s, and ``--deadline`` seconds end the run.
+step fall with a longer chunk, docs/gpu.md#the-launch-trace) and ``--cuda-graphs`` (on: the step captured in CUDA
+graphs after one eager step, then replayed, ``revnmt.training.graphs``; the last three steps are replays). A batch
+that runs out of memory ends that model's sweep at that length; so does a first step over 90 s, and ``--deadline``
+seconds end the run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from revnmt.memory.budget import synthetic_batch
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.rnn.backends import SWEEP_KERNELS
+from revnmt.training.graphs import GraphedSteps, TrainStep
 
 _SLOW_FIRST_STEP = 90.0  # seconds: larger batches would take longer still
 
@@ -38,8 +41,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(model, sentences: int, length: int, device: torch.device, steps: int = 4) -> list[float]:
-    """Seconds of each of ``steps`` training steps on one synthetic batch (fewer if the first is very slow)."""
+def time_steps(model, sentences: int, length: int, device: torch.device, steps: int = 4,
+               train_step: TrainStep | None = None) -> list[float]:
+    """Seconds of each of ``steps`` training steps on one synthetic batch (fewer if the first is very slow), each
+    trained by ``train_step`` (default: ``model.train_step``)."""
+    train_step = train_step or model.train_step
     cfg = model.cfg
     batch = synthetic_batch(sentences, length, cfg.src_vocab, cfg.tgt_vocab, device)
     tensors = (batch.src, batch.src_len, batch.tgt_in, batch.tgt_out)
@@ -48,7 +54,7 @@ def time_steps(model, sentences: int, length: int, device: torch.device, steps: 
         model.zero_grad(set_to_none=True)
         _sync(device)
         start = time.perf_counter()
-        model.train_step(*tensors, normalizer=float(batch.n_tokens))
+        train_step(*tensors, normalizer=float(batch.n_tokens))
         _sync(device)
         times.append(time.perf_counter() - start)
         if times[0] > _SLOW_FIRST_STEP:
@@ -73,16 +79,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-kernels", nargs="+", default=[ExecutionConfig.sweep_kernels],
                         choices=SWEEP_KERNELS, help="reversible models: each value a run of its own (revnmt-train's "
                         "option)")
+    parser.add_argument("--cuda-graphs", nargs="+", default=[ExecutionConfig.cuda_graphs], choices=("on", "off"),
+                        help="reversible models on a GPU: each value a run of its own (revnmt-train's option)")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="seconds; no new batch after them")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    if "on" in args.cuda_graphs and device.type != "cuda":
+        parser.error("--cuda-graphs on needs --device cuda")
     deadline = time.time() + args.deadline
     rows = []
-    runs = [(rnn, chunk, kernels) for rnn in args.rnn
-            for kernels in (args.sweep_kernels if rnn.startswith("rev") else [None])
-            for chunk in (args.decoder_chunk_steps if rnn.startswith("rev") else [None])]
-    for rnn, chunk, kernels in runs:
+    reversible = lambda rnn, values: values if rnn.startswith("rev") else [None]  # noqa: E731
+    runs = [(rnn, chunk, kernels, graphs) for rnn in args.rnn
+            for kernels in reversible(rnn, args.sweep_kernels)
+            for chunk in reversible(rnn, args.decoder_chunk_steps)
+            for graphs in reversible(rnn, args.cuda_graphs)]
+    for rnn, chunk, kernels, graphs in runs:
         torch.manual_seed(0)
         attention = "emb+slice" if rnn.startswith("rev") else "hidden"
         execution = (ExecutionConfig() if chunk is None
@@ -91,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
                                         layers=args.layers, attention=attention, slice_dim=args.slice_dim,
                                         src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab), execution).to(device)
         model.train()
-        label = rnn if chunk is None else f"{rnn} c{chunk}" + (" pers" if kernels == "persistent" else "")
+        label = rnn if chunk is None else (f"{rnn} c{chunk}" + (" pers" if kernels == "persistent" else "")
+                                           + (" graphs" if graphs == "on" else ""))
+        # graphs: one eager step (which compiles), the capture, then three replays
+        graphed = GraphedSteps(model, shapes=1, warmup=1) if graphs == "on" else None
         for length in args.lengths:
             for sentences in args.sentences:
                 if time.time() > deadline:
@@ -99,14 +114,15 @@ def main(argv: list[str] | None = None) -> None:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 try:
-                    times = time_steps(model, sentences, length, device)
+                    times = (time_steps(model, sentences, length, device, 5, graphed) if graphed
+                             else time_steps(model, sentences, length, device))
                 except torch.OutOfMemoryError as error:
                     print(f"{label:16s} {sentences:6d} x {length:3d}: out of memory "
                           f"({str(error).splitlines()[0][:80]})", flush=True)
                     break
-                step = statistics.median(times[1:]) if len(times) > 1 else None
+                step = statistics.median(times[-3:]) if len(times) > 1 else None
                 peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-                rows.append({"rnn": rnn, "decoder_chunk_steps": chunk, "sweep_kernels": kernels,
+                rows.append({"rnn": rnn, "decoder_chunk_steps": chunk, "sweep_kernels": kernels, "cuda_graphs": graphs,
                              "sentences": sentences, "length": length,
                              "first_step_s": times[0], "step_s": step,
                              "tokens_per_s": sentences * length / step if step else None,
@@ -118,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                       flush=True)
                 if step is None:
                     break
-        del model
+        del model, graphed
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if args.json:

@@ -156,4 +156,4 @@ def run_config(argv: Sequence[str] | None = None) -> RunConfig:
         parser.error("--hogwild starts worker processes of its own: run it with python, not torchrun")
     model, execution = checked_model_configs(parser, args, args.device)
     training = checked(parser, lambda: from_arguments(TrainingConfig, args))
-    return RunConfig(data, model, training, execution)
+    return checked(parser, lambda: RunConfig(data, model, training, execution))

@@ -5,7 +5,7 @@
 # Checks, run side by side (they time nothing):
 # 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps and
 #    the persistent sweeps, host syncs under torch.cuda.set_sync_debug_mode, a whole reversible training step on the
-#    GPU, the memory budget against the allocator's peak);
+#    GPU, its CUDA graphs against the eager step bit for bit, the memory budget against the allocator's peak);
 # 2. ops dispatched per layer and step on CUDA (benchmarks/layers.py --count-kernels);
 # 3. two Hogwild! workers on one GPU, and torchrun with NCCL on one GPU, on a toy corpus.
 # Timings, one after the other with the GPU to themselves:
@@ -15,8 +15,8 @@
 #    revnmt-memory's report with the token batch that fits 8 GiB of the allocator's reserved memory. Needs
 #    Multi30K (REVNMT_DATA or ./data/multi30k; skipped where neither has it: there is no download on a GPU node);
 # 6. the IWSLT-size step as the batch grows, 64 to 32,768 sentences of 25 tokens, GRU on cuDNN against RevGRU on the
-#    per-step and on the persistent sweep kernels, decoder chunks of 8 steps (benchmarks/batch_scaling.py: step time,
-#    tokens/s, allocator peak).
+#    per-step kernels, eager and replayed from CUDA graphs, decoder chunks of 8 steps (benchmarks/batch_scaling.py:
+#    step time, tokens/s, allocator peak).
 # Every step has a time limit (seconds, in LIMITS below); a step past it counts as failed (exit 124).
 # Writes a log and JSON per step into OUTDIR and a summary, OUTDIR/gpu_check.json; exits 1 if a step failed.
 # Uses .venv if there is one (bash scripts/setup.sh dev), else the python3 on PATH with torch and triton.
@@ -104,7 +104,7 @@ if [ "$what" != checks ]; then
         echo "== iwslt: skipped, Multi30K not found (set REVNMT_DATA)"
     fi
     step batch-scale "$py" benchmarks/batch_scaling.py --device cuda --lengths 25 --decoder-chunk-steps 8 \
-        --sweep-kernels steps persistent --deadline 140 --json "$out/batch-scale.json"
+        --sweep-kernels steps --cuda-graphs off on --deadline 140 --json "$out/batch-scale.json"
 fi
 rm -rf "$out/runs" "$out/prepared" "$toy"  # checkpoints are large and prove nothing the logs do not
 

@@ -165,8 +165,20 @@ class ExecutionConfig:
                                 "reverse, where the kernels support the stack (RevGRU, RevLSTM; tiles of up to 32 "
                                 "sentences, up to 16 lanes), else steps (docs/gpu.md#persistent-sweeps-measured)")
 
+    cuda_graphs: str = option("off", choices=("on", "off"), role=RUN_TIME,
+                              help="reversible RNNs on a GPU: capture each batch shape's training step in two CUDA "
+                              "graphs after a warm-up and replay them for its later batches, one launch for the "
+                              "thousands of kernels a step launches; the results are the eager step's bit for bit "
+                              "(docs/gpu.md#cuda-graphs)")
+    cuda_graph_shapes: int = option(64, check=positive, role=RUN_TIME,
+                                    help="with --cuda-graphs on: batch shapes whose graphs are kept at once, the least "
+                                    "recently used dropped first (each keeps its buffers' memory)")
+
     def check_for(self, model: ModelConfig) -> ExecutionConfig:
         """Raise ValueError if this does not apply to ``model``'s family; return self."""
+        if self.cuda_graphs == "on" and not model.reversible:
+            raise ValueError("--cuda-graphs on captures the reversible training step (revgru, revlstm); an ordinary "
+                             "RNN's cuDNN step reads the host for its lengths and cannot be captured")
         if self.checkpoint_steps is not None and model.reversible:
             raise ValueError("--checkpoint-steps is for ordinary RNNs (gru, lstm): reversible ones keep no "
                              "states to checkpoint")

@@ -62,6 +62,57 @@ class DecoderStart:
         return forward, backward
 
 
+class Reversal:
+    """One training step by reversal as two stretches of device work with no host read inside either: the forward
+    sweeps (run when it is made, :meth:`ReversibleSeq2Seq.reversal`) and :meth:`backward` (the decoder's reverse
+    by chunks with their attention and loss, then the encoder's). Each stretch leaves its checks on :attr:`tapes`
+    unread, the forward sweeps' (a stack that outgrew its room, bad input) and then the reverses' exactness guards;
+    the caller reads them after each stretch (:func:`~revnmt.rnn.tape.settle`), as ``train_step`` does. A CUDA
+    graph can capture each stretch whole (:mod:`revnmt.training.graphs`). Time-major ids; ``normalizer`` a
+    device scalar."""
+
+    def __init__(self, model: ReversibleSeq2Seq, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                 normalizer: torch.Tensor, masks: DropoutMasks) -> None:
+        self.model, self.src, self.tgt_out, self.normalizer, self.masks = model, src, tgt_out, normalizer, masks
+        self.enc_in, self.dec_in, self.enc_tape, self.dec_tape, self.start = model.forward_sweeps(
+            src, tgt_in, tgt_out, masks, defer_checks=True)
+        self.result: StepResult | None = None  # set by backward
+
+    @property
+    def tapes(self) -> tuple[EncoderTape, Tape]:
+        """The encoder's and the decoder's tapes, whose checks the caller reads after each stretch."""
+        return self.enc_tape, self.dec_tape
+
+    def backward(self) -> None:
+        """The backward stretch: accumulate the gradients of loss / normalizer into ``.grad`` and set
+        :attr:`result`; the forward sweeps' checks must have been read."""
+        model, src, tgt_out, masks = self.model, self.src, self.tgt_out, self.masks
+        enc_tape, dec_tape = self.tapes
+        stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
+        memory = model.build_memory(src, masks, stored)
+        memory_grad = torch.zeros_like(memory)  # the chunks' attention adds into it (GeneralAttention.forward)
+        pad_mask = (src == PAD).t()
+        total = torch.zeros((), device=src.device)
+        held = model._held_bytes(src.shape[1], enc_tape, dec_tape, stored, memory_grad)  # while the buffers are full
+
+        def output_grads(steps: slice, outs: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            with torch.enable_grad():
+                query = outs.detach().requires_grad_()
+                loss = model.step_loss(query.transpose(0, 1), memory, pad_mask, masks, tgt_out[steps].t(), memory_grad)
+                (loss.objective / self.normalizer).backward()
+            total = total + loss.nll  # stays on the device: no sync per chunk
+            return query.grad
+
+        enc_final_grad = self.start.backward(model.decoder.backward_sweep(dec_tape, self.dec_in,
+                                                                          output_grads=output_grads,
+                                                                          defer_checks=True))
+        memory.backward(memory_grad)
+        model.encoder.backward_sweep(enc_tape, self.enc_in, grad_final=enc_final_grad,
+                                     slice_grad=None if stored is None else stored.grad, defer_checks=True)
+        self.result = StepResult(total, held)
+
+
 class ReversibleSeq2Seq(Seq2Seq):
     """The attention encoder-decoder over :class:`~revnmt.rnn.ReversibleRNN` stacks, trained by reversal.
 
@@ -89,50 +140,44 @@ class ReversibleSeq2Seq(Seq2Seq):
     # ------------------------------------------------------------------ training by reversal
 
     def train_step(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                   normalizer: float) -> StepResult:
+                   normalizer: float | torch.Tensor, masks: DropoutMasks | None = None) -> StepResult:
         """Train by reversal (see the module docstring): accumulate the gradients of loss /
-        ``normalizer`` into ``.grad``; return the summed loss and the bytes held outside autograd."""
-        masks = self.draw_masks(src.shape[0], src.device)
-        src, tgt_in, tgt_out = src.t(), tgt_in.t(), tgt_out.t()
-        enc_in, dec_in, enc_tape, dec_tape, start = self.forward_sweeps(src, tgt_in, tgt_out, masks)
+        ``normalizer`` into ``.grad``; return the summed loss and the bytes held outside autograd. ``masks``:
+        the batch's dropout masks, drawn here unless given. Two host reads: the forward sweeps' checks, then the
+        reverses' exactness guards (:class:`Reversal`)."""
+        step = self.reversal(src, tgt_in, tgt_out, normalizer, masks)
+        settle(*step.tapes)
+        step.backward()
+        settle(*step.tapes)
+        return step.result
 
-        stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
-        memory = self.build_memory(src, masks, stored)
-        memory_grad = torch.zeros_like(memory)  # the chunks' attention adds into it (GeneralAttention.forward)
-        pad_mask = (src == PAD).t()
-        total = torch.zeros((), device=src.device)
-        held = self._held_bytes(src.shape[1], enc_tape, dec_tape, stored, memory_grad)  # while the buffers are full
+    def reversal(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                 normalizer: float | torch.Tensor, masks: DropoutMasks | None = None) -> Reversal:
+        """A training step's forward stretch (batch-major ids), its checks left unread: see :class:`Reversal`."""
+        masks = masks if masks is not None else self.draw_masks(src.shape[0], src.device)
+        if not isinstance(normalizer, torch.Tensor):
+            # a device scalar, not a Python float: a CUDA graph replays it with each batch's value, and a GPU divides
+            # by a device scalar as it would in the graph (by a host float it multiplies by its reciprocal); on a CPU
+            # both give the same bits
+            normalizer = torch.full((), float(normalizer), device=src.device)
+        return Reversal(self, src.t(), tgt_in.t(), tgt_out.t(), normalizer, masks)
 
-        def output_grads(steps: slice, outs: torch.Tensor) -> torch.Tensor:
-            nonlocal total
-            with torch.enable_grad():
-                query = outs.detach().requires_grad_()
-                loss = self.step_loss(query.transpose(0, 1), memory, pad_mask, masks, tgt_out[steps].t(), memory_grad)
-                (loss.objective / normalizer).backward()
-            total = total + loss.nll  # stays on the device: no sync per chunk
-            return query.grad
-
-        enc_final_grad = start.backward(self.decoder.backward_sweep(dec_tape, dec_in, output_grads=output_grads,
-                                                                    defer_checks=True))
-        memory.backward(memory_grad)
-        self.encoder.backward_sweep(enc_tape, enc_in, grad_final=enc_final_grad,
-                                    slice_grad=None if stored is None else stored.grad, defer_checks=True)
-        settle(dec_tape, enc_tape)  # both exactness guards, one host read
-        return StepResult(total, held)
-
-    def forward_sweeps(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, masks: DropoutMasks
+    def forward_sweeps(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, masks: DropoutMasks,
+                       defer_checks: bool = False
                        ) -> tuple[EmbeddedTokens, EmbeddedTokens, EncoderTape, Tape, DecoderStart]:
         """Encoder and decoder forward sweeps (time-major ids): returns the recomputable inputs, the
         tapes and the decoder's start, i.e. everything kept for the backward sweeps. The sweeps' checks are read
         together at the end, one host read for the step's forward (the decoder's sweep reads only the encoder's
-        states, which are right before the encoder's buffer is known to be complete)."""
+        states, which are right before the encoder's buffer is known to be complete); with ``defer_checks`` they
+        are left on the tapes for the caller (:func:`~revnmt.rnn.tape.settle`)."""
         enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
         dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
         enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder, defer_checks=True)
         start = DecoderStart(self.bridge, enc_tape)
         dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=start.states, dropout=masks.decoder,
                                               defer_checks=True)
-        settle(enc_tape, dec_tape)
+        if not defer_checks:
+            settle(enc_tape, dec_tape)
         return enc_in, dec_in, enc_tape, dec_tape, start
 
     def _held_bytes(self, batch: int, enc_tape: EncoderTape, dec_tape: Tape, stored: torch.Tensor | None,

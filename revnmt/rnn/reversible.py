@@ -300,7 +300,10 @@ class ReversibleRNN(nn.Module):
                                             "height: its kernels are not deterministic, and reversal could not be "
                                             "exact")
 
-            tape.checks.append(Check(tape.buffer.to_settle(), conclude))  # the sweep's one host read
+            def outgrown(values: list[int]) -> bool:
+                return tape.buffer.conclude(values)[0] > tape.buffer.capacity
+
+            tape.checks.append(Check(tape.buffer.to_settle(), conclude, outgrown))  # the sweep's one host read
             if not defer_checks:
                 settle(tape)
         return tape

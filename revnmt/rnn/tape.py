@@ -55,15 +55,26 @@ class Check:
 
     values: list[torch.Tensor]
     conclude: Callable[[list[int]], None]
+    # whether concluding these values would run the sweep again, its stack having outgrown its room: a sweep
+    # replayed from a CUDA graph, whose room is fixed, cannot be (revnmt.training.graphs)
+    outgrown: Callable[[list[int]], bool] = lambda values: False
+
+
+def read(checks: list[Check]) -> list[list[int]]:
+    """Each check's values, in one host read for them all (none for no checks)."""
+    if not checks:
+        return []
+    values = torch.stack([value for check in checks for value in check.values]).tolist()
+    split = []
+    for check in checks:
+        split.append(values[:len(check.values)])
+        values = values[len(check.values):]
+    return split
 
 
 def settle(*tapes) -> None:
     """Read the checks the tapes' sweeps left (:class:`Check`, taken from each tape's ``pop_checks()``) in one
     host read, and conclude each in the order the sweeps ran. Nothing to read, nothing read."""
     checks = [check for tape in tapes for check in tape.pop_checks()]
-    if not checks:
-        return
-    values = torch.stack([value for check in checks for value in check.values]).tolist()
-    for check in checks:
-        check.conclude(values[:len(check.values)])
-        values = values[len(check.values):]
+    for check, values in zip(checks, read(checks)):
+        check.conclude(values)

@@ -176,6 +176,14 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self.execution.check_for(self.model)
+        if self.execution.cuda_graphs == "on":
+            if not self.training.device.startswith("cuda"):
+                raise ValueError(f"--cuda-graphs on needs a GPU (--device cuda), not --device {self.training.device}")
+            if self.training.hogwild:
+                raise ValueError("--cuda-graphs on is for one process a GPU (torchrun), not --hogwild workers")
+            if self.training.memory_budget is not None:
+                raise ValueError("--cuda-graphs on keeps each captured shape's buffers, which --memory-budget does "
+                                 "not count yet: leave one of them out")
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> RunConfig:

@@ -152,7 +152,7 @@ class DistributedTrainer(Trainer):
         return reason
 
     def _update(self, parts: list[Batch], where: str) -> torch.Tensor | None:
-        gradients = compute_gradients(self.model, parts)
+        gradients = compute_gradients(self.model, parts, self.train_step)
         signum = self.stop.signum
         (sigint, sigterm, fallbacks), loss_sum = self._average_gradients(
             [signum == signal.SIGINT, signum == signal.SIGTERM, gradients.reversal_error is not None], gradients.loss)

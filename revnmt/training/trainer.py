@@ -47,6 +47,7 @@ from revnmt.translation import Translator, evaluate
 
 from .config import RunConfig, TrainingConfig
 from .curves import Curves
+from .graphs import TrainStep, training_step
 from .interrupts import Interrupted, Signalled, StopRequest, raise_on_signals
 from .progress import StepReporter, Window, peak_memory
 from .schedule import build_optimizer, build_scheduler, current_lr
@@ -84,8 +85,9 @@ class Gradients:
         return str(self.overflow) if self.overflow is not None else "non-finite loss or gradients"
 
 
-def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
-    """Set ``model``'s ``.grad`` to the gradients of the batch made of ``parts``.
+def compute_gradients(model: Seq2Seq, parts: list[Batch], step: TrainStep | None = None) -> Gradients:
+    """Set ``model``'s ``.grad`` to the gradients of the batch made of ``parts``, each trained by ``step``
+    (default: ``model.train_step``; :func:`.graphs.training_step` chooses one for a run).
 
     ``train_step`` accumulates the gradients itself (reversible models train by reversal), so the old
     ones are dropped first, and each part's loss is divided by the whole batch's target tokens: the
@@ -101,17 +103,17 @@ def compute_gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
     non-finite loss (:func:`clip_and_step`), and a torchrun rank still has gradients to all-reduce.
     """
     try:
-        return _gradients(model, parts)
+        return _gradients(model, parts, step or model.train_step)
     except FixedPointOverflowError as overflow:
         for param in model.parameters():
             param.grad = torch.zeros_like(param)
         return Gradients(torch.tensor(math.nan, device=next(model.parameters()).device), overflow=overflow)
 
 
-def _gradients(model: Seq2Seq, parts: list[Batch]) -> Gradients:
+def _gradients(model: Seq2Seq, parts: list[Batch], step: TrainStep) -> Gradients:
     rewind = _torch_rng_state()
     try:
-        return Gradients(_accumulate(model, parts, model.train_step))
+        return Gradients(_accumulate(model, parts, step))
     except ReversalError as error:
         _set_torch_rng_state(rewind)
         return Gradients(_accumulate(model, parts, model.train_step_autograd), error)
@@ -216,6 +218,7 @@ class Trainer:
                                     batch_size=self.batching.batch_size, shuffle=True, seed=cfg.seed)
         self.translator = Translator(model, data.src_vocab, data.tgt_vocab, data.options)
         self.device = next(model.parameters()).device
+        self.train_step = training_step(model)  # model.train_step, or its CUDA graphs (--cuda-graphs on)
         # With a budget, every step's measured peak is checked against it (and the log shows both).
         self.guard = BudgetGuard(plan, self.device) if plan else None
         self.reporter = StepReporter(cfg.log_every, logger, self._status_line, on_window=self._plot_window)
@@ -437,7 +440,7 @@ class Trainer:
     def _update(self, parts: list[Batch], where: str) -> torch.Tensor | None:
         """One optimizer step on the batch made of ``parts`` (``where`` names it for the log); returns its
         summed loss, or None if the update was skipped (:meth:`_count_skipped`)."""
-        gradients = compute_gradients(self.model, parts)
+        gradients = compute_gradients(self.model, parts, self.train_step)
         self._count_fallbacks(int(gradients.reversal_error is not None), where, gradients.reversal_error)
         stepped = clip_and_step(self.optimizer, self.config.training.clip, gradients.loss)
         self._count_skipped(None if stepped else gradients.skip_reason(), where)

@@ -1,5 +1,5 @@
-"""benchmarks/batch_scaling.py on a tiny model: one row per model (a reversible one per sweep kernels and decoder
-chunk), length and batch size, in the order run."""
+"""benchmarks/batch_scaling.py on a tiny model: one row per model (a reversible one per sweep kernels, decoder chunk
+and CUDA graphs' setting), length and batch size, in the order run."""
 
 import json
 import subprocess
@@ -19,10 +19,11 @@ def test_small_run_writes_every_step(tmp_path):
 
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["config"]["deadline"] is None
-    assert [(r["rnn"], r["sweep_kernels"], r["decoder_chunk_steps"], r["sentences"], r["length"])
+    assert [(r["rnn"], r["sweep_kernels"], r["decoder_chunk_steps"], r["cuda_graphs"], r["sentences"], r["length"])
             for r in report["steps"]] == [
-        ("gru", None, None, 2, 4), ("gru", None, None, 5, 4), ("revlstm", "steps", 2, 2, 4),
-        ("revlstm", "steps", 2, 5, 4), ("revlstm", "steps", 4, 2, 4), ("revlstm", "steps", 4, 5, 4)]
+        ("gru", None, None, None, 2, 4), ("gru", None, None, None, 5, 4),
+        ("revlstm", "steps", 2, "off", 2, 4), ("revlstm", "steps", 2, "off", 5, 4),
+        ("revlstm", "steps", 4, "off", 2, 4), ("revlstm", "steps", 4, "off", 5, 4)]
     for row in report["steps"]:
         assert row["step_s"] > 0 and row["peak_allocated_bytes"] is None
         assert abs(row["tokens_per_s"] - row["sentences"] * 4 / row["step_s"]) < 1e-6

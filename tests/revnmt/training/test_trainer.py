@@ -182,9 +182,9 @@ def test_update_freq_accumulates_consecutive_batches_into_one_update(train, tmp_
 
     updates: dict[int, list[list[int]]] = {1: [], 2: []}
     for freq, calls in updates.items():
-        def recording(model, parts, calls=calls):
+        def recording(model, parts, step, calls=calls):
             calls.append([index for part in parts for index in part.indices])
-            return compute_gradients(model, parts)
+            return compute_gradients(model, parts, step)
 
         monkeypatch.setattr(trainer, "compute_gradients", recording)
         assert train(tmp_path / str(freq), "--update-freq", str(freq), "--epochs", "1") == 0

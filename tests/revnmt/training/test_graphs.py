@@ -1,0 +1,205 @@
+"""Tests of revnmt.training.graphs: the reversible step in two stretches, and its CUDA graphs against the eager step.
+
+The graphs need a GPU (``scripts/gpu_check.sh`` runs the ``cuda`` tests here); on CPU the tests check what the graphs
+rest on: a step in two stretches whose checks are read between them, the check that tells a replay it cannot go on,
+and the options' refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from revnmt.arguments import run_config
+from revnmt.data.vocab import BOS, EOS, PAD
+from revnmt.model import ExecutionConfig, ModelConfig, build_model
+from revnmt.rnn import ReversibleRNN, TensorInput
+from revnmt.rnn.tape import read, settle
+from revnmt.training.config import TrainingConfig
+from revnmt.training.graphs import GraphedSteps, training_step
+from revnmt.training.schedule import build_optimizer
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+VOCAB = 20
+
+
+def _model(rnn: str = "revgru", device: str = "cpu", **execution):
+    torch.manual_seed(0)
+    config = ModelConfig(rnn=rnn, emb_dim=8, hidden_size=12, layers=2, dropout=0.3, attention="emb+slice",
+                         slice_dim=3, encoder="bidirectional", src_vocab=VOCAB, tgt_vocab=VOCAB)
+    return build_model(config, ExecutionConfig(**(dict(buffer_lanes=4) | execution))).to(device).train()
+
+
+def _batch(batch: int, src_len: int, tgt_len: int, seed: int, device: str = "cpu"):
+    """(src, src_len, tgt_in, tgt_out) of ``batch`` ragged sentences, the longest of the given lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (batch, src_len), generator=gen)
+    tgt = torch.randint(4, VOCAB, (batch, tgt_len), generator=gen)
+    src_lens = torch.randint(1, src_len + 1, (batch,), generator=gen)
+    tgt_lens = torch.randint(1, tgt_len + 1, (batch,), generator=gen)
+    src_lens[0], tgt_lens[0] = src_len, tgt_len
+    for i in range(batch):
+        src[i, src_lens[i]:] = PAD
+        tgt[i, tgt_lens[i]:] = PAD
+    tgt_in = torch.cat([torch.full((batch, 1), BOS), tgt], 1)
+    tgt_out = torch.cat([tgt, torch.full((batch, 1), PAD)], 1)
+    tgt_out[torch.arange(batch), tgt_lens] = EOS
+    return tuple(t.to(device) for t in (src, src_lens, tgt_in, tgt_out))
+
+
+def _tokens(batch) -> float:
+    return float((batch[3] != PAD).sum())
+
+
+# ---------------------------------------------------------------------------------------------------- on any device
+
+
+def test_the_step_in_two_stretches_with_a_device_normalizer_is_train_step_bit_for_bit():
+    # What a graph captures: the forward stretch, its checks read, the backward stretch, its guards read; the
+    # normalizer a device scalar (a graph replays it with each batch's value), which on a CPU divides as the float.
+    batch = _batch(5, 7, 6, seed=3)
+    model = _model()
+    torch.manual_seed(1)
+    want = model.train_step(*batch, normalizer=_tokens(batch))
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    masks = model.draw_masks(5, batch[0].device)
+    step = model.reversal(batch[0], batch[2], batch[3], torch.tensor(_tokens(batch)), masks)
+    checks = [check for tape in step.tapes for check in tape.pop_checks()]
+    assert checks and not any(check.outgrown(v) for check, v in zip(checks, read(checks)))
+    for check, values in zip(checks, read(checks)):
+        check.conclude(values)
+    step.backward()
+    settle(*step.tapes)
+    assert torch.equal(step.result.loss, want.loss) and step.result.held_bytes == want.held_bytes
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), want_grads))
+
+
+def test_a_forward_check_tells_that_its_stack_outgrew_its_room():
+    # A stack that has not swept yet gives its buffer no room beyond the spare levels: its first long sweep outgrows
+    # it, which a graph's replay must know before it concludes (an eager sweep would then run again).
+    torch.manual_seed(0)
+    rnn = ReversibleRNN("revlstm", 6, 10, buffer_lanes=2)
+    x, mask = torch.randn(40, 4, 6), torch.ones(40, 4, dtype=torch.bool)
+    tape = rnn.forward_sweep(TensorInput(x), mask, defer_checks=True)
+    check, = tape.checks
+    values, = read([check])
+    assert check.outgrown(values)
+    settle(tape)  # runs the sweep again with the room it needed
+    again = rnn.forward_sweep(TensorInput(x), mask, defer_checks=True)
+    check, = again.checks
+    assert not check.outgrown(read([check])[0])
+
+
+def test_without_cuda_graphs_a_run_trains_with_the_models_own_step():
+    model = _model()
+    assert training_step(model) == model.train_step
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--device", "cpu"], "--cuda-graphs on needs a GPU (--device cuda), not --device cpu"),
+    (["--device", "cpu", "--rnn", "gru"], "--cuda-graphs on captures the reversible training step"),
+])
+def test_cuda_graphs_on_is_refused_where_it_cannot_run(options, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_config(["--save-dir", "unused", "--cuda-graphs", "on", *options])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------- on a GPU
+
+
+def _train(model, step, batches, parts: int = 1):
+    """Adam updates of ``parts`` consecutive batches each, trained by ``step``: each update's loss, gradients and
+    weights after it."""
+    optimizer = build_optimizer(TrainingConfig(save_dir="unused"), model.parameters())
+    seen = []
+    for i in range(0, len(batches), parts):
+        update = batches[i: i + parts]
+        model.zero_grad(set_to_none=True)
+        tokens = sum(_tokens(b) for b in update)
+        loss = sum(step(*b, normalizer=tokens).loss for b in update)
+        grads = [p.grad.clone() for p in model.parameters()]
+        optimizer.step()
+        seen.append((loss, grads, [p.detach().clone() for p in model.parameters()]))
+    return seen
+
+
+def _assert_same_training(got, want):
+    assert len(got) == len(want)
+    for (loss, grads, weights), (loss_w, grads_w, weights_w) in zip(got, want):
+        assert torch.equal(loss, loss_w)
+        assert all(torch.equal(g, w) for g, w in zip(grads, grads_w))
+        assert all(torch.equal(g, w) for g, w in zip(weights, weights_w))
+
+
+SHAPES = [(6, 7, 6), (6, 7, 6), (6, 9, 5), (6, 7, 6), (6, 9, 5), (6, 7, 6), (6, 9, 5), (6, 7, 6)]
+
+
+def _cuda_batches(shapes=SHAPES):
+    return [_batch(*shape, seed=i, device="cuda") for i, shape in enumerate(shapes)]
+
+
+@cuda
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
+@pytest.mark.parametrize("sweep_kernels", ["steps", "persistent"])
+def test_cuda_graphs_train_bit_for_bit_as_the_eager_step(rnn, sweep_kernels):
+    # Two shapes, each warmed up once, captured, then replayed: the losses, gradients and Adam's weights are the
+    # eager step's bit for bit, the dropout masks drawn from the same generator.
+    batches = _cuda_batches()
+    torch.manual_seed(5)
+    eager = _model(rnn, "cuda", sweep_kernels=sweep_kernels)
+    want = _train(eager, eager.train_step, batches)
+    torch.manual_seed(5)
+    model = _model(rnn, "cuda", sweep_kernels=sweep_kernels)
+    graphs = GraphedSteps(model, warmup=1)
+    _assert_same_training(_train(model, graphs, batches), want)
+    assert (graphs.eager, graphs.captures, graphs.replays) == (2, 2, 4)
+
+
+@cuda
+def test_cuda_graphs_add_up_an_update_of_several_parts():
+    # --update-freq 2: parts of one shape and of two, replayed or eager, add into .grad as the eager step does.
+    batches = _cuda_batches()
+    torch.manual_seed(5)
+    eager = _model(device="cuda")
+    want = _train(eager, eager.train_step, batches, parts=2)
+    torch.manual_seed(5)
+    model = _model(device="cuda")
+    graphs = GraphedSteps(model, warmup=1)
+    _assert_same_training(_train(model, graphs, batches, parts=2), want)
+    assert graphs.replays > 0
+
+
+@cuda
+def test_cuda_graphs_keep_at_most_their_shapes_and_capture_a_dropped_one_again():
+    batches = _cuda_batches()
+    torch.manual_seed(5)
+    eager = _model(device="cuda")
+    want = _train(eager, eager.train_step, batches)
+    torch.manual_seed(5)
+    model = _model(device="cuda")
+    graphs = GraphedSteps(model, shapes=1, warmup=0)
+    _assert_same_training(_train(model, graphs, batches), want)
+    assert len(graphs.captured) == 1 and graphs.captures > 2
+
+
+@cuda
+def test_a_cuda_graph_replay_that_outgrew_its_room_trains_the_batch_eagerly(monkeypatch):
+    # The stack room is frozen in a graph: a batch that outgrows it is trained eagerly (its sweep runs again with
+    # more room, as without graphs), and its shape is captured anew at its next batch.
+    batches = _cuda_batches([(6, 7, 6)] * 4)
+    torch.manual_seed(5)
+    eager = _model(device="cuda")
+    want = _train(eager, eager.train_step, batches)
+    torch.manual_seed(5)
+    model = _model(device="cuda")
+    graphs = GraphedSteps(model, warmup=1)
+    got = _train(model, graphs, batches[:2])  # warmed up, then captured
+    captured, = graphs.captured.values()
+    monkeypatch.setattr(captured.checks[0], "outgrown", lambda values: True)
+    got += _train(model, graphs, batches[2:3])
+    assert not graphs.captured and graphs.eager == 2
+    got += _train(model, graphs, batches[3:])
+    _assert_same_training(got, want)
+    assert graphs.captures == 2
