@@ -1,7 +1,7 @@
 """Training speed as users see it: revnmt-train's own logged tokens/s, reversible against ordinary, per thread count.
 
     python benchmarks/train_speed.py [--threads 1 2] [--steps 300] [--skip 100] [--json FILE] [--runs DIR]
-                                     [--device cpu|cuda] [-- REVNMT-TRAIN OPTIONS]
+                                     [--device cpu|cuda] [--cuda-graphs on] [-- REVNMT-TRAIN OPTIONS]
 
 Each model trains as ``revnmt-train`` does (data, forward, reversal, loss, clipping, Adam, logging) on Multi30K
 (or the corpus given after ``--``) from fresh weights for ``--steps`` updates, alone on the machine, with
@@ -13,8 +13,9 @@ inside the window (the first is at the end of an epoch of 454 batches).
 
 The pairs are the paper's: RevGRU / RevLSTM (``emb+slice``, 3 bits) against GRU / LSTM (``hidden``). With
 ``--device cuda`` the ordinary models run on cuDNN and the reversible ones on the Triton kernels; ``--threads``
-then sets only the host's threads. Options after ``--`` (a model size, ``--prepared DIR`` to tokenize the corpus
-once for every run) go to every run.
+then sets only the host's threads, and ``--cuda-graphs on`` trains the reversible ones with revnmt-train's
+``--cuda-graphs on`` (each batch shape's step replayed from CUDA graphs). Options after ``--`` (a model size,
+``--prepared DIR`` to tokenize the corpus once for every run) go to every run.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=100, help="updates of warm-up left out of the figure")
     parser.add_argument("--log-every", type=int, default=100, help="steps per logged tokens/s window")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--cuda-graphs", choices=("on", "off"), default="off",
+                        help="revnmt-train's --cuda-graphs for the reversible models (default: off)")
     parser.add_argument("--runs", type=Path, help="where the run directories go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -70,13 +73,14 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = args.runs or Path(tempfile.mkdtemp(prefix="train-speed-"))
     report = {"command": "python benchmarks/train_speed.py " + " ".join(argv), "cpu": cpu_name(),
-              "device": _device_name(args.device), "cases": []}
+              "device": _device_name(args.device), "cuda_graphs": args.cuda_graphs, "cases": []}
     for threads in args.threads:
         for family in args.pairs:
             rates = {}
             for rnn, attention in PAIRS[family]:
+                graphs = ["--cuda-graphs", args.cuda_graphs] if rnn.startswith("rev") else []
                 logged = train_rates(rnn, attention, threads, args.steps, args.log_every,
-                                     runs / f"{rnn}-{threads}-threads", args.device, extra)
+                                     runs / f"{rnn}-{threads}-threads", args.device, extra + graphs)
                 rates[rnn] = [rate for step, rate in logged if step > args.skip]
                 if not rates[rnn]:
                     raise RuntimeError(f"{rnn}: no tokens/s logged after step {args.skip}")

@@ -11,7 +11,8 @@
 # Timings, one after the other with the GPU to themselves:
 # 4. reversible layers against cuDNN nn.GRU / nn.LSTM, B = 64, T = 14 and 50 (benchmarks/layers.py);
 # 5. the paper's IWSLT-size model (2+2 layers, 600 units, 600-dim embeddings, 60 slice units) on Multi30K:
-#    revnmt-train's own tokens/s against the cuDNN GRU's (benchmarks/train_speed.py --device cuda), and
+#    revnmt-train's own tokens/s, the RevGRU's with --cuda-graphs on, against the cuDNN GRU's
+#    (benchmarks/train_speed.py --device cuda --cuda-graphs on), and
 #    revnmt-memory's report with the token batch that fits 8 GiB of the allocator's reserved memory. Needs
 #    Multi30K (REVNMT_DATA or ./data/multi30k; skipped where neither has it: there is no download on a GPU node);
 # 6. the IWSLT-size step as the batch grows, 64 to 32,768 sentences of 25 tokens, GRU on cuDNN against RevGRU on the
@@ -96,8 +97,9 @@ if [ "$what" != checks ]; then
     if data=$("$py" -c "from revnmt.data import find_multi30k; print(find_multi30k(download=False))" 2>/dev/null); then
         iwslt=(--layers 2 --emb-dim 600 --hidden-size 600 --slice-dim 60)
         # one tokenization of the corpus for every run (revnmt-prepare's format, read memory-mapped)
-        step iwslt-speed "$py" benchmarks/train_speed.py --device cuda --threads 4 --steps 120 --skip 40 --log-every 40 \
-            --runs "$out/runs/speed" --json "$out/iwslt-speed.json" -- "${iwslt[@]}" --prepared "$out/prepared"
+        step iwslt-speed "$py" benchmarks/train_speed.py --device cuda --cuda-graphs on --threads 4 --steps 120 \
+            --skip 40 --log-every 40 --runs "$out/runs/speed" --json "$out/iwslt-speed.json" \
+            -- "${iwslt[@]}" --prepared "$out/prepared"
         step iwslt-memory "$py" -m revnmt.cli.memory --data-dir "$data" "${iwslt[@]}" --rnn revgru --batches 4 \
             --device cuda --memory-budget 8GiB --prepared "$out/prepared" --json "$out/iwslt-memory.json"
     else

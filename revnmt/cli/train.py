@@ -17,6 +17,7 @@ from revnmt.arguments import run_config
 from revnmt.folders import NotOurs
 from revnmt.memory.peak import track_freed_memory
 from revnmt.training import Interrupted, Job, TooManyFallbacks, WorkerError, process_group
+from revnmt.training.graphs import GraphCaptureError
 from revnmt.training.interrupts import Signalled, raise_on_signals
 from revnmt.training.progress import logging_to
 from revnmt.training.run import RunError, run
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Interrupted as stop:  # last.pt holds the step reached
             logger.warning("%s", stop)
             return stop.exit_status
-        except (WorkerError, TooManyFallbacks, Diverged) as error:  # last.pt is still the last good checkpoint
+        except (WorkerError, TooManyFallbacks, Diverged, GraphCaptureError) as error:  # last.pt: the last good one
             logger.error("%s", error)
             return TRAINING_FAILED
         except Signalled as stop:

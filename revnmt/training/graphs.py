@@ -34,12 +34,18 @@ from dataclasses import fields
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from buffers import FixedPointOverflowError
 from revnmt.model import Seq2Seq, StepResult
 from revnmt.model.reversible import ReversibleSeq2Seq
 from revnmt.model.seq2seq import DropoutMasks
+from revnmt.rnn import ReversalError
 from revnmt.rnn.tape import Check, read
 
 logger = logging.getLogger(__name__)
+
+
+class GraphCaptureError(RuntimeError):
+    """A batch shape's step could not be captured in a CUDA graph (an operation a capture does not allow)."""
 
 TrainStep = Callable[..., StepResult]  # model.train_step's signature: (src, src_len, tgt_in, tgt_out, normalizer)
 
@@ -62,7 +68,10 @@ class GraphedSteps:
     """``model.train_step`` by CUDA graphs, one pair a batch shape: call it as that step (same arguments, same
     result, same ``.grad``). ``replays``, ``captures`` and ``eager`` count the steps each way."""
 
-    def __init__(self, model: ReversibleSeq2Seq, shapes: int = 64, warmup: int = 2) -> None:
+    def __init__(self, model: ReversibleSeq2Seq, shapes: int = 64, warmup: int = 1) -> None:
+        if warmup < 1:
+            raise ValueError("a shape's first step runs eagerly before its capture (warmup >= 1): Triton compiles and "
+                             "lazily made constants must not happen inside a capture")
         self.model, self.shapes, self.warmup = model, shapes, warmup
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grads = [torch.zeros_like(p) for p in self.params]  # every graph accumulates into these
@@ -89,7 +98,14 @@ class GraphedSteps:
             logger.info("a batch of shape %s outgrew its CUDA graph's stack room: run eagerly, captured again", key)
         elif self.seen[key] >= self.warmup:
             self._hand_grads_to_graphs()
-            step = CapturedStep(self, src, tgt_in, tgt_out, normalizer, masks)
+            try:
+                step = CapturedStep(self, src, tgt_in, tgt_out, normalizer, masks)
+            except (ReversalError, FixedPointOverflowError):
+                raise  # the batch's own, as in the eager step: the caller's fallbacks handle them
+            except RuntimeError as error:
+                raise GraphCaptureError(f"the training step of a batch of shape {key} could not be captured in a "
+                                        f"CUDA graph ({str(error).splitlines()[0]}): train with --cuda-graphs off"
+                                        ) from error
             result = step.result
             if result is not None:
                 self.seen.pop(key)

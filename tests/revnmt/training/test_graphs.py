@@ -179,7 +179,7 @@ def test_cuda_graphs_keep_at_most_their_shapes_and_capture_a_dropped_one_again()
     want = _train(eager, eager.train_step, batches)
     torch.manual_seed(5)
     model = _model(device="cuda")
-    graphs = GraphedSteps(model, shapes=1, warmup=0)
+    graphs = GraphedSteps(model, shapes=1, warmup=1)
     _assert_same_training(_train(model, graphs, batches), want)
     assert len(graphs.captured) == 1 and graphs.captures > 2
 
@@ -203,3 +203,25 @@ def test_a_cuda_graph_replay_that_outgrew_its_room_trains_the_batch_eagerly(monk
     got += _train(model, graphs, batches[3:])
     _assert_same_training(got, want)
     assert graphs.captures == 2
+
+
+@cuda
+def test_a_step_that_cannot_be_captured_stops_with_one_clear_error(monkeypatch):
+    # A host read inside a stretch (here a stand-in: .item() in the forward sweeps) makes the capture fail: the run
+    # stops with GraphCaptureError, which revnmt-train reports in one line, naming --cuda-graphs off.
+    from revnmt.training.graphs import GraphCaptureError
+
+    model = _model(device="cuda")
+    graphs = GraphedSteps(model, warmup=1)
+    batch = _batch(6, 7, 6, seed=0, device="cuda")
+    graphs(*batch, normalizer=_tokens(batch))
+    reversal = model.reversal
+
+    def reading(*args, **kwargs):
+        step = reversal(*args, **kwargs)
+        step.enc_tape.states[0].sum().item()
+        return step
+
+    monkeypatch.setattr(model, "reversal", reading)
+    with pytest.raises(GraphCaptureError, match="--cuda-graphs off"):
+        graphs(*batch, normalizer=_tokens(batch))
