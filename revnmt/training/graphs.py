@@ -80,6 +80,9 @@ class GraphedSteps:
         self.pool = torch.cuda.graph_pool_handle()
         self.captured: OrderedDict[tuple, CapturedStep] = OrderedDict()
         self.seen: Counter[tuple] = Counter()  # eager steps of each shape since its last capture
+        # the parameters a step leaves without a gradient (learned from the first, eager, step): they keep .grad None
+        # after a graph too, as Adam skips them only then
+        self.untrained: list[torch.nn.Parameter] | None = None
         self.replays = self.captures = self.eager = 0
 
     def __call__(self, src: torch.Tensor, src_len: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
@@ -93,7 +96,7 @@ class GraphedSteps:
             result = step.replay(src, tgt_in, tgt_out, normalizer, masks)
             if result is not None:
                 self.replays += 1
-                return result
+                return self._untrained_without_grads(result)
             del self.captured[key]  # this batch outgrew the room frozen in its graphs: capture the shape anew
             logger.info("a batch of shape %s outgrew its CUDA graph's stack room: run eagerly, captured again", key)
         elif self.seen[key] >= self.warmup:
@@ -113,11 +116,23 @@ class GraphedSteps:
                 if len(self.captured) > self.shapes:
                     self.captured.popitem(last=False)
                 self.captures += 1
-                return result
+                return self._untrained_without_grads(result)
         self.seen[key] += 1
         self.eager += 1
+        first = self.untrained is None
+        if first:
+            before = [p for p in self.params if p.grad is None]
         with self._on_stream():
-            return self.model.train_step(src, src_len, tgt_in, tgt_out, normalizer, masks)
+            result = self.model.train_step(src, src_len, tgt_in, tgt_out, normalizer, masks)
+        if first:
+            self.untrained = [p for p in before if p.grad is None]
+        return result
+
+    def _untrained_without_grads(self, result: StepResult) -> StepResult:
+        """``result``, the parameters no step trains left with ``.grad`` None (a graph gave them zeros)."""
+        for p in self.untrained or ():
+            p.grad = None
+        return result
 
     def _on_stream(self) -> _Joined:
         """Run on the capture stream (after what the current stream has queued), the current one waiting for it
