@@ -125,6 +125,14 @@ def _train(model, step, batches, parts: int = 1):
     return seen
 
 
+def _twins(batches, parts: int = 1, **model):
+    """The eager step's training on ``batches``, and a twin model for the graphs to train: the same weights, and the
+    generator that draws the dropout masks where it was for the eager model (``_model`` seeds it)."""
+    eager = _model(device="cuda", **model)
+    want = _train(eager, eager.train_step, batches, parts)
+    return want, _model(device="cuda", **model)
+
+
 def _assert_same_training(got, want):
     assert len(got) == len(want)
     for (loss, grads, weights), (loss_w, grads_w, weights_w) in zip(got, want):
@@ -147,11 +155,7 @@ def test_cuda_graphs_train_bit_for_bit_as_the_eager_step(rnn, sweep_kernels):
     # Two shapes, each warmed up once, captured, then replayed: the losses, gradients and Adam's weights are the
     # eager step's bit for bit, the dropout masks drawn from the same generator.
     batches = _cuda_batches()
-    torch.manual_seed(5)
-    eager = _model(rnn, "cuda", sweep_kernels=sweep_kernels)
-    want = _train(eager, eager.train_step, batches)
-    torch.manual_seed(5)
-    model = _model(rnn, "cuda", sweep_kernels=sweep_kernels)
+    want, model = _twins(batches, rnn=rnn, sweep_kernels=sweep_kernels)
     graphs = GraphedSteps(model, warmup=1)
     _assert_same_training(_train(model, graphs, batches), want)
     assert (graphs.eager, graphs.captures, graphs.replays) == (2, 2, 4)
@@ -161,11 +165,7 @@ def test_cuda_graphs_train_bit_for_bit_as_the_eager_step(rnn, sweep_kernels):
 def test_cuda_graphs_add_up_an_update_of_several_parts():
     # --update-freq 2: parts of one shape and of two, replayed or eager, add into .grad as the eager step does.
     batches = _cuda_batches()
-    torch.manual_seed(5)
-    eager = _model(device="cuda")
-    want = _train(eager, eager.train_step, batches, parts=2)
-    torch.manual_seed(5)
-    model = _model(device="cuda")
+    want, model = _twins(batches, parts=2)
     graphs = GraphedSteps(model, warmup=1)
     _assert_same_training(_train(model, graphs, batches, parts=2), want)
     assert graphs.replays > 0
@@ -174,11 +174,7 @@ def test_cuda_graphs_add_up_an_update_of_several_parts():
 @cuda
 def test_cuda_graphs_keep_at_most_their_shapes_and_capture_a_dropped_one_again():
     batches = _cuda_batches()
-    torch.manual_seed(5)
-    eager = _model(device="cuda")
-    want = _train(eager, eager.train_step, batches)
-    torch.manual_seed(5)
-    model = _model(device="cuda")
+    want, model = _twins(batches)
     graphs = GraphedSteps(model, shapes=1, warmup=1)
     _assert_same_training(_train(model, graphs, batches), want)
     assert len(graphs.captured) == 1 and graphs.captures > 2
@@ -189,11 +185,7 @@ def test_a_cuda_graph_replay_that_outgrew_its_room_trains_the_batch_eagerly(monk
     # The stack room is frozen in a graph: a batch that outgrows it is trained eagerly (its sweep runs again with
     # more room, as without graphs), and its shape is captured anew at its next batch.
     batches = _cuda_batches([(6, 7, 6)] * 4)
-    torch.manual_seed(5)
-    eager = _model(device="cuda")
-    want = _train(eager, eager.train_step, batches)
-    torch.manual_seed(5)
-    model = _model(device="cuda")
+    want, model = _twins(batches)
     graphs = GraphedSteps(model, warmup=1)
     got = _train(model, graphs, batches[:2])  # warmed up, then captured
     captured, = graphs.captured.values()
