@@ -140,7 +140,8 @@ def _quality(name: str, rnn: str, attention: str, bits: str = "", slice_dim: int
 QUALITY = tuple(_quality(f"{m.name.removesuffix('-3bit')}-bi-bpe8k", m.rnn, m.attention, m.bits) for m in CORE)
 # What attention memory and forgetting cost each cell: the quality recipe with the ordinary LSTM reading what the
 # RevLSTM reads (embeddings and 20 units a direction), the RevLSTM reading what the LSTM reads (its full states: the
-# encoder keeps them for attention only), wider slices and looser forgetting; the RevGRU alike.
+# encoder keeps them for attention only), wider slices and looser forgetting; the RevGRU alike. The RevLSTM's 100-unit
+# slices beat its full states, so the last entry widens them to the most a slice takes (half its 300 units).
 TRADEOFF = (
     _quality("lstm-emb+slice-bi-bpe8k", "lstm", "emb+slice"),
     _quality("revlstm-hidden-bi-bpe8k", "revlstm", "hidden", "3"),
@@ -149,6 +150,7 @@ TRADEOFF = (
     _quality("revlstm-emb+slice100-nolimit-bi-bpe8k", "revlstm", "emb+slice", "none", slice_dim=100),
     _quality("revgru-hidden-bi-bpe8k", "revgru", "hidden", "3"),
     _quality("revgru-emb+slice100-bi-bpe8k", "revgru", "emb+slice", "3", slice_dim=100),
+    _quality("revlstm-emb+slice150-bi-bpe8k", "revlstm", "emb+slice", "3", slice_dim=150),
 )
 ENSEMBLE = "ensemble-reversible"  # the reversible quality models' averaged checkpoints, decoded together
 MODELS = {m.name: m for m in CORE + EXTRA + SUBWORD + QUALITY + TRADEOFF}
