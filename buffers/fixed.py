@@ -74,8 +74,17 @@ class OverflowGuard:
         self._what.add(what)
 
     def check(self) -> None:
-        """Raise :class:`FixedPointOverflowError` if any recorded value was out of range."""
-        if bool(self._bad):
+        """Raise :class:`FixedPointOverflowError` if any recorded value was out of range (one host read)."""
+        self.conclude([int(self._bad)])
+
+    def flag(self) -> torch.Tensor:
+        """Whether a violation was recorded, as an int64 device scalar: for a caller that reads it together with other
+        values (no host read here) and passes it back to :meth:`conclude`."""
+        return self._bad.long()
+
+    def conclude(self, values: list[int]) -> None:
+        """:meth:`check` from the value of :meth:`flag`, read."""
+        if values[0]:
             raise FixedPointOverflowError(
                 f"fixed-point overflow in {', '.join(sorted(self._what))}: a value left the int32 range "
                 f"(|value| >= {2 ** (31 - HIDDEN_RADIX)} for hidden states); lower the learning rate, "

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from buffers import straight_through, to_fixed, to_float
+from buffers import OverflowGuard, straight_through, to_fixed, to_float
 from revnmt.data.vocab import PAD
 from revnmt.rnn import BidirectionalReversibleRNN, BidirectionalTape, ReversibleRNN, Tape
-from revnmt.rnn.tape import settle
+from revnmt.rnn.tape import Check, settle
 
 from .bridge import Bridge
 from .config import ModelConfig
@@ -44,14 +44,20 @@ class DecoderStart:
     backward sweep returns) through the bridge, straight through the rounding, to the encoder's final states.
     """
 
-    def __init__(self, bridge: Bridge | None, tape: EncoderTape) -> None:
+    def __init__(self, bridge: Bridge | None, tape: EncoderTape, deferred: bool = False) -> None:
+        self.check: Check | None = None
         if bridge is None:
             self.states, self._leaves, self._start = tape.states, None, None
             return
         # with its graph where grad mode is on (training), for backward
         self._leaves = [[to_float(s).requires_grad_() for s in direction.states] for direction in tape.directions]
         self._start = bridge(*self._leaves)
-        self.states = [to_fixed(s.detach()) for s in self._start]
+        # A state out of the fixed-point range raises at once, or with ``deferred`` when :attr:`check` is read with
+        # the sweeps' checks: a training step reads nothing on the host between its sweeps.
+        guard = OverflowGuard(self._start[0].device) if deferred else None
+        self.states = [to_fixed(s.detach(), guard=guard) for s in self._start]
+        if guard is not None:
+            self.check = Check([guard.flag()], guard.conclude)
 
     def backward(self, grad: list[torch.Tensor]) -> list | tuple[list, list]:
         """The gradient of the encoder's final states from that of the decoder's initial states."""
@@ -173,9 +179,11 @@ class ReversibleSeq2Seq(Seq2Seq):
         enc_in = EmbeddedTokens(self.src_emb, src, masks.src)
         dec_in = EmbeddedTokens(self.tgt_emb, tgt_in, masks.tgt)
         enc_tape = self.encoder.forward_sweep(enc_in, src != PAD, dropout=masks.encoder, defer_checks=True)
-        start = DecoderStart(self.bridge, enc_tape)
+        start = DecoderStart(self.bridge, enc_tape, deferred=True)
         dec_tape = self.decoder.forward_sweep(dec_in, tgt_out != PAD, initial=start.states, dropout=masks.decoder,
                                               defer_checks=True)
+        if start.check is not None:  # the bridge's rounding, read before the decoder's own checks
+            dec_tape.checks.insert(0, start.check)
         if not defer_checks:
             settle(enc_tape, dec_tape)
         return enc_in, dec_in, enc_tape, dec_tape, start

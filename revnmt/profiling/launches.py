@@ -40,6 +40,8 @@ class Launch:
     name: str
     grid: tuple[int, ...] | None = None  # None: an ATen op
     reads_host: bool = False  # an op that waits for the device's value (see reads_host())
+    # with LaunchCounter(arguments=True): what a CUDA graph bakes into the launch, :func:`arguments` of its inputs
+    arguments: tuple | None = None
 
     @property
     def programs(self) -> int | None:
@@ -65,16 +67,18 @@ class LaunchCounter(TorchDispatchMode):
     the ops the interpreter dispatches inside a run are part of that one launch. ``Tensor.tolist`` does not go
     through it either on a CPU tensor: it is wrapped too, and recorded as a host read.
 
-    With ``run_kernels=False`` the Triton kernels are recorded and not run (their grids depend on the shapes
+    With ``arguments=True`` each launch also records what a CUDA graph would bake into it (:func:`arguments`): its
+    scalars and its tensors' layouts, not their values. With ``run_kernels=False`` the Triton kernels are recorded and
+    not run (their grids depend on the shapes
     only), and every allocation comes back zero-filled: what a kernel would have written reads as zeros, the
     same in every run, instead of whatever memory held. Zero states give zero states, so a reversal rebuilds
     its (zero) initial states, the buffer's words and height stay zero and no error code is set: the exactness
     guard and the overflow checks pass and read the host as often as in a run whose words never overflow.
     The ATen ops run for real."""
 
-    def __init__(self, run_kernels: bool = True) -> None:
+    def __init__(self, run_kernels: bool = True, arguments: bool = False) -> None:
         super().__init__()
-        self.run_kernels = run_kernels
+        self.run_kernels, self.arguments = run_kernels, arguments
         self.launches: list[Launch] = []
         self.sections: list[Section] = []
         self._in_kernel = False
@@ -115,7 +119,8 @@ class LaunchCounter(TorchDispatchMode):
         def counted_run(kernel, *args, grid, warmup=False, **kwargs):
             if warmup or self._in_kernel:
                 return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
-            self.launches.append(Launch(kernel.fn.__name__, _grid(kernel, grid, args, kwargs)))
+            self.launches.append(Launch(kernel.fn.__name__, _grid(kernel, grid, args, kwargs),
+                                        arguments=arguments(args, kwargs) if self.arguments else None))
             if not self.run_kernels:
                 return None
             self._in_kernel = True
@@ -147,7 +152,8 @@ class LaunchCounter(TorchDispatchMode):
         view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
         allocation = func.__name__.startswith("empty")
         if not (self._in_kernel or view or allocation):
-            self.launches.append(Launch(func.name(), reads_host=reads_host(func.name(), args)))
+            self.launches.append(Launch(func.name(), reads_host=reads_host(func.name(), args),
+                                        arguments=arguments(args, kwargs or {}) if self.arguments else None))
         out = func(*args, **(kwargs or {}))
         if allocation and not self.run_kernels:
             out.zero_()  # (this mode is off inside its own handler: not recorded)
@@ -160,6 +166,27 @@ def reads_host(name: str, args: tuple) -> bool:
     if name in _MASKED_INDEXING:
         return any(index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1])
     return name in HOST_READS
+
+
+def arguments(*values) -> tuple:
+    """What a launch on ``values`` fixes for a CUDA graph that captures it: every scalar, and each tensor's dtype,
+    shape, strides and offset (its memory is the graph's; its values are what a replay brings). Other objects (a
+    ``triton.jit`` function passed as an argument) by their name."""
+    def summary(value):
+        if isinstance(value, torch.Tensor):
+            return "tensor", str(value.dtype), tuple(value.shape), value.stride(), value.storage_offset()
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return str(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(summary(v) for v in value)
+        if isinstance(value, dict):
+            return tuple((k, summary(v)) for k, v in sorted(value.items()))
+        if isinstance(value, slice):
+            return "slice", value.start, value.stop, value.step
+        return getattr(value, "__name__", type(value).__name__)
+    return summary(values)
 
 
 def _grid(kernel, grid, args: tuple, kwargs: dict) -> tuple[int, ...]:

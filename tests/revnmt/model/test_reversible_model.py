@@ -4,10 +4,12 @@ import pytest
 import torch
 from toy_model import Toy
 
+from buffers import FixedPointOverflowError
 from revnmt.memory import SavedTensorMeter
 from revnmt.model import StepResult
 from revnmt.rnn import ReversalError
 from revnmt.rnn.reversible import PROJECTION_STEPS
+from revnmt.rnn.tape import settle
 
 toy = Toy()
 
@@ -127,3 +129,18 @@ def test_weight_change_between_forward_and_backward_is_caught(monkeypatch):
     monkeypatch.setattr(model.decoder, "backward_sweep", tampered)
     with pytest.raises(ReversalError):
         model.train_step(*batch, normalizer=1.0)
+
+
+def test_a_bridge_out_of_the_fixed_point_range_raises_with_the_forward_checks():
+    # The bridge's output is rounded to the decoder's fixed-point start between the sweeps, where a training step reads
+    # nothing on the host (a CUDA graph captures the sweeps and the bridge together): its range error is left on the
+    # device and raised when the forward sweeps' checks are read, before any reverse.
+    model, batch = toy.model("revgru", "emb+slice", encoder="bidirectional"), toy.batch()
+    with torch.no_grad():
+        model.bridge.layers[0].bias.fill_(float("nan"))
+    reversal = model.reversal(batch[0], batch[2], batch[3], 10.0)
+    assert reversal.dec_tape.checks, "the bridge's check was read already"
+    with pytest.raises(FixedPointOverflowError, match="to_fixed"):
+        settle(*reversal.tapes)
+    with pytest.raises(FixedPointOverflowError):
+        model.train_step(*batch, normalizer=10.0)

@@ -12,6 +12,7 @@ import torch
 from revnmt.arguments import run_config
 from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
+from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversibleRNN, TensorInput
 from revnmt.rnn.tape import read, settle
 from revnmt.training.config import TrainingConfig
@@ -73,6 +74,43 @@ def test_the_step_in_two_stretches_with_a_device_normalizer_is_train_step_bit_fo
     settle(*step.tapes)
     assert torch.equal(step.result.loss, want.loss) and step.result.held_bytes == want.held_bytes
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), want_grads))
+
+
+@pytest.mark.parametrize("rnn, sweep_kernels", [
+    ("revgru", "steps"), ("revgru", "persistent"),
+    pytest.param("revlstm", "steps", marks=pytest.mark.slow),
+    pytest.param("revlstm", "persistent", marks=pytest.mark.slow),
+])
+def test_what_a_graph_captures_is_the_same_for_every_batch_of_its_shape(rnn, sweep_kernels):
+    # A CUDA graph replays its capture's kernels with their grids, scalars and tensor layouts: each stretch of the
+    # step must launch exactly those for every batch of the captured shape, whatever its words, its lengths and so its
+    # number of target tokens. Traced on the triton backend in the interpreter, the buffers checking lazily as on
+    # CUDA, after a step of that shape taught the stacks their room.
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's trace runs on CPU tensors; a GPU runs the graphs themselves (tests below)")
+    model = _model(rnn, buffer_backend="triton", sweep_kernels=sweep_kernels)
+    for rnn_stack in (m for m in model.modules() if isinstance(m, ReversibleRNN)):
+        check_lazily(rnn_stack)
+    warm_up = _batch(6, 7, 6, seed=9)
+    model.train_step(*warm_up, normalizer=_tokens(warm_up))
+    traces, tokens = [], []
+    for seed in (0, 1):
+        src, _, tgt_in, tgt_out = batch = _batch(6, 7, 6, seed=seed)
+        tokens.append(_tokens(batch))
+        normalizer, masks = torch.tensor(tokens[-1]), model.draw_masks(6, src.device)
+        with LaunchCounter(arguments=True) as forward:
+            step = model.reversal(src, tgt_in, tgt_out, normalizer, masks)
+        checks = [check for tape in step.tapes for check in tape.pop_checks()]
+        assert not any(check.outgrown(v) for check, v in zip(checks, read(checks)))
+        with LaunchCounter(arguments=True) as backward:
+            step.backward()
+        settle(*step.tapes)
+        traces.append((forward.launches, backward.launches))
+        assert forward.host_reads == backward.host_reads == 0
+    assert tokens[0] != tokens[1]
+    assert traces[0] == traces[1]
+    assert any(launch.grid for launch in traces[0][0]) and any(launch.grid for launch in traces[0][1])
 
 
 def test_a_forward_check_tells_that_its_stack_outgrew_its_room():
