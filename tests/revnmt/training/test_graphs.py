@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from revnmt.arguments import run_config
+from revnmt.checkpoints import Checkpoint
 from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.profiling.launches import LaunchCounter, check_lazily
@@ -257,3 +258,22 @@ def test_a_step_that_cannot_be_captured_stops_with_one_clear_error(monkeypatch):
     monkeypatch.setattr(model, "reversal", reading)
     with pytest.raises(GraphCaptureError, match="--cuda-graphs off"):
         graphs(*batch, normalizer=_tokens(batch))
+
+
+@cuda
+def test_revnmt_train_with_cuda_graphs_on_saves_the_run_of_cuda_graphs_off(train, tmp_path):
+    # Two epochs of the toy corpus, whose batches of 32 sentences repeat their shapes: the weights, the optimizer's
+    # moments and the dev scores of a run with graphs are those of the run without, bit for bit.
+    options = ["--device", "cuda", "--encoder", "bidirectional", "--epochs", "2", "--dropout", "0.3"]
+    for graphs in ("off", "on"):
+        assert train(tmp_path / graphs, *options, "--cuda-graphs", graphs) == 0
+    off, on = (Checkpoint.load(tmp_path / graphs / "last.pt") for graphs in ("off", "on"))
+    assert off.weights.keys() == on.weights.keys()
+    assert all(torch.equal(off.weights[name], on.weights[name]) for name in off.weights)
+    moments = list(zip(*(run.training.optimizer["state"].values() for run in (off, on))))
+    assert moments and all(torch.equal(a["exp_avg"], b["exp_avg"]) for a, b in moments)
+
+    def dev(run: str) -> list[list[str]]:  # every validation's epoch, step, loss, perplexity and BLEU
+        return [line.split("\t")[:5] for line in (tmp_path / run / "valid.tsv").read_text().splitlines()]
+
+    assert dev("off") == dev("on")
