@@ -37,7 +37,7 @@ progress so far.
 ``--speed N`` times N training batches of every model, the models taking turns, with the same threads
 (speed.json), so that the tokens/s column compares like with like; the runs' own averages depend on
 what else shared the machine. ``--results DIR`` also copies the table and each run's small files (logs,
-dev scores, test and memory reports; no checkpoints) to DIR, to be kept with the code.
+dev scores, test and memory reports, the test2016 translations; no checkpoints) to DIR, to be kept with the code.
 """
 
 from __future__ import annotations
@@ -682,8 +682,12 @@ def hardware(args: argparse.Namespace) -> dict:
             "jobs": args.jobs, "threads_per_job": args.threads}
 
 
+# with the test2016 translations (tens of kB each), so that a score can be compared again without the checkpoints
+# (sacrebleu's paired bootstrap, say)
 KEPT_FILES = ("config.json", "train.log", "valid.tsv", "test.json", REPLACE_UNK_JSON, "memory.json",
-              LENGTH_PENALTY_JSON, TEST_BEST_LP_JSON, TEST_AVERAGE_JSON)
+              LENGTH_PENALTY_JSON, TEST_BEST_LP_JSON, TEST_AVERAGE_JSON,
+              *(Path(name).with_suffix(".hyp").name for name in ("test.json", REPLACE_UNK_JSON, TEST_BEST_LP_JSON,
+                                                                 TEST_AVERAGE_JSON)))
 TABLE_FILES = ("results.md", "results.json", "speed.json", f"{ENSEMBLE}.json")
 
 
