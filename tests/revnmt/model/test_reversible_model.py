@@ -1,5 +1,7 @@
 """Tests of revnmt.model.reversible: training by reversal against autograd through the same model."""
 
+import warnings
+
 import pytest
 import torch
 from toy_model import Toy
@@ -144,3 +146,23 @@ def test_a_bridge_out_of_the_fixed_point_range_raises_with_the_forward_checks():
         settle(*reversal.tapes)
     with pytest.raises(FixedPointOverflowError):
         model.train_step(*batch, normalizer=10.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("rnn", ["revgru", "revlstm"])
+def test_a_cuda_training_step_synchronizes_twice_at_the_forward_checks_and_at_the_guards(rnn):
+    # torch.cuda.set_sync_debug_mode warns at every synchronizing call: a whole step, bidirectional encoder, bridge,
+    # loss and all, waits for the GPU twice (what lets CUDA graphs capture its two stretches).
+    model = toy.model(rnn, "emb+slice", 2, encoder="bidirectional").cuda()
+    batch = [t.cuda() for t in toy.batch()]
+    model.train_step(*batch, normalizer=10.0)  # the stacks learn their room, Triton compiles
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            model.train_step(*batch, normalizer=10.0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [f"{w.filename}:{w.lineno}" for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
+    assert len(syncs) == 2, syncs
