@@ -46,7 +46,8 @@ def test_quick_mode_fills_the_table(tmp_path):
     table = (runs / "results.md").read_text()
     assert f"{tokens['ordinary']:,}" in table and f"{tokens['reversible']:,}" in table  # GRU's row: same-size model
     assert sorted(p.name for p in (kept / "revgru-emb+slice-3bit").iterdir()) == [
-        "config.json", "memory.json", "test-replace-unk.json", "test.json", "train.log", "valid.tsv"]
+        "config.json", "memory.json", "test-replace-unk.hyp", "test-replace-unk.json", "test.hyp", "test.json",
+        "train.log", "valid.tsv"]
     assert json.loads((kept / "revgru-emb+slice-bi-bpe8k" / "config.json").read_text())["subword"] == "bpe"
     assert "| revgru (BPE 8k) | emb+slice |" in table
 
