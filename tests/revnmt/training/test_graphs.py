@@ -1,10 +1,12 @@
 """Tests of revnmt.training.graphs: the reversible step in two stretches, and its CUDA graphs against the eager step.
 
 The graphs need a GPU (``scripts/gpu_check.sh`` runs the ``cuda`` tests here); on CPU the tests check what the graphs
-rest on: a step in two stretches whose checks are read between them, the check that tells a replay it cannot go on,
-and the options' refusals."""
+rest on (each stretch launches the same for every batch of a shape, the step in two stretches, the check that tells a
+replay it cannot go on), GraphedSteps' bookkeeping with CUDA's graph API stood in for, and the options' refusals."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from revnmt.data.vocab import BOS, EOS, PAD
 from revnmt.model import ExecutionConfig, ModelConfig, build_model
 from revnmt.profiling.launches import LaunchCounter, check_lazily
 from revnmt.rnn import ReversibleRNN, TensorInput
-from revnmt.rnn.tape import read, settle
+from revnmt.rnn.tape import Check, read, settle
 from revnmt.training.config import TrainingConfig
 from revnmt.training.graphs import GraphedSteps, training_step
 from revnmt.training.schedule import build_optimizer
@@ -144,6 +146,77 @@ def test_cuda_graphs_on_is_refused_where_it_cannot_run(options, message, capsys)
     with pytest.raises(SystemExit) as stop:
         run_config(["--save-dir", "unused", "--cuda-graphs", "on", *options])
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+class _RecordedGraph:
+    """CUDA's graph API as far as GraphedSteps uses it, on a CPU: a capture runs its stretch (so the step made with it
+    trains its batch as it would), a replay launches nothing."""
+
+    def replay(self) -> None:
+        pass
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    class Stream:
+        def __init__(self, *args) -> None:
+            pass
+
+        def wait_stream(self, other) -> None:
+            pass
+
+    for name, fake in {"Stream": Stream, "CUDAGraph": _RecordedGraph, "graph_pool_handle": lambda: None,
+                       "graph": lambda graph, pool=None, stream=None: contextlib.nullcontext(),
+                       "current_stream": Stream, "stream": lambda stream: contextlib.nullcontext()}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+
+
+def test_graphed_steps_warm_up_capture_replay_and_drop_shapes_in_turn(cpu_graphs):
+    # The bookkeeping, with CUDA's graph API stood in for on a CPU (a replay computes nothing there, so only the steps
+    # run eagerly or captured are compared with the eager model's): a shape's first step is eager, its second
+    # captured, the later ones replayed; a cache of one shape drops the other.
+    batches = [_batch(*shape, seed=i) for i, shape in enumerate(SHAPES[:5])]  # shapes A A B A B
+    eager, want = _model(), []
+    for batch in batches[:3]:
+        eager.zero_grad(set_to_none=True)
+        want.append((eager.train_step(*batch, normalizer=_tokens(batch)), [p.grad.clone() for p in eager.parameters()]))
+    model = _model()  # the generator where it was for the eager model's steps
+    graphs = GraphedSteps(model, shapes=1)
+    done = []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        done.append((graphs(*batch, normalizer=_tokens(batch)), [p.grad.clone() for p in model.parameters()]))
+        done[-1] += (graphs.eager, graphs.captures, graphs.replays, list(graphs.captured))
+    # A eager, A captured, B eager (A kept), A replayed, B captured (A dropped)
+    assert [d[2:5] for d in done] == [(1, 0, 0), (1, 1, 0), (2, 1, 0), (2, 1, 1), (2, 2, 1)]
+    assert [len(d[5]) for d in done] == [0, 1, 1, 1, 1] and done[4][5] != done[3][5]
+    # the eager and the captured steps train as the eager model does
+    for (result, grads, *_), (reference, reference_grads) in zip(done, want):
+        assert torch.equal(result.loss, reference.loss) and result.held_bytes == reference.held_bytes
+        assert all(torch.equal(g, w) for g, w in zip(grads, reference_grads))
+
+
+def test_a_capture_whose_batch_outgrew_its_room_trains_it_eagerly_and_keeps_no_graph(cpu_graphs, monkeypatch):
+    from revnmt.rnn import reversible
+
+    batch = _batch(8, 7, 6, seed=0)
+    reference = _model()
+    reference.train_step(*batch, normalizer=_tokens(batch))
+    reference.zero_grad(set_to_none=True)
+    want = reference.train_step(*batch, normalizer=_tokens(batch))
+    model = _model()  # the generator where it was for the reference's steps
+    graphs = GraphedSteps(model)
+    graphs(*batch, normalizer=_tokens(batch))
+    # every forward check from now on says its stack outgrew its room (concluding it would run the sweep again)
+    def outgrowing(values, conclude, outgrown=None):
+        return Check(values, conclude) if outgrown is None else Check(values, conclude, lambda v: True)
+
+    monkeypatch.setattr(reversible, "Check", outgrowing)
+    model.zero_grad(set_to_none=True)
+    got = graphs(*batch, normalizer=_tokens(batch))
+    assert (graphs.eager, graphs.captures, len(graphs.captured)) == (2, 0, 0)
+    assert torch.equal(got.loss, want.loss)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
 
 
 # ---------------------------------------------------------------------------------------------------- on a GPU
