@@ -46,6 +46,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -503,24 +504,30 @@ def _speed_side_by_side(args: argparse.Namespace, models: list[Model]) -> dict[s
 # ---------------------------------------------------------------------------- the table
 
 def collect(args: argparse.Namespace, model: Model, speed: dict[str, float]) -> dict | None:
-    """What ``model``'s run directory says, or None if it has not started."""
+    """What ``model``'s run directory says, or None if it has not started. Without its checkpoints (the small files
+    ``--results`` keeps), the best step is the one train.log names and the run's own tokens/s is not known."""
     run = args.runs / model.name
-    if not (run / LAST_CHECKPOINT).is_file():
+    if (run / LAST_CHECKPOINT).is_file():
+        state = Checkpoint.load(run / LAST_CHECKPOINT, needs=("training",)).training.trainer
+        best_step, best_bleu = state.best_step, state.best_bleu
+        run_tokens_per_s = state.train_tokens / state.train_s if state.train_s else None
+    elif (run / "valid.tsv").is_file():
+        best_step, best_bleu, run_tokens_per_s = logged_best_step(run), None, None
+    else:
         return None
-    state = Checkpoint.load(run / LAST_CHECKPOINT, needs=("training",)).training.trainer
     with open(run / "valid.tsv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    best = next((r for r in rows if int(r["step"]) == state.best_step), None)
+    best = next((r for r in rows if int(r["step"]) == best_step), None)
     result = {
         "model": model.name, "rnn": model.rnn, "attention": model.attention_label, "bits": model.bits,
         "text": TEXT_LABELS[model.text],
         "finished": (run / "test.json").is_file(),
         "epochs_trained": len(rows),
         "dev_bleu_by_epoch": [float(r["dev_bleu"]) for r in rows],
-        "dev_bleu": state.best_bleu if best else None,
+        "dev_bleu": (best_bleu if best_bleu is not None else float(best["dev_bleu"])) if best else None,
         "best_epoch": int(best["epoch"]) if best else None,
         "minutes_to_best": int(best["elapsed_s"]) / 60 if best else None,
-        "run_tokens_per_s": state.train_tokens / state.train_s if state.train_s else None,
+        "run_tokens_per_s": run_tokens_per_s,
         "tokens_per_s": speed.get(model.name),
     }
     if result["finished"]:
@@ -559,6 +566,25 @@ def tuned_results(directory: Path, tests: Sequence[tuple[str, Path]]) -> dict:
                               "test_tokenized_bleu": test["tokenized_bleu"], "test_sacrebleu": test["sacrebleu"],
                               "sacrebleu_signature": test["signature"]})
     return {"length_penalty_tuning": read_json(directory / LENGTH_PENALTY_JSON), "decodings": decodings}
+
+
+# revnmt-train's line after each validation: "(best)" when it improved on every one before, else the best's step
+_VALIDATION = re.compile(r"INFO validation .*, step (\d+): .*\| BLEU \S+ (?:\(not finite\) )?"
+                         r"\((?:best\)|best \S+ at step (\d+)\))")
+
+
+def logged_best_step(run: Path) -> int | None:
+    """The step of the best dev BLEU, as the last validation ``run``'s train.log records names it (None: none yet):
+    the checkpoint's own ``best_step``, read without the checkpoint."""
+    try:
+        text = (run / "train.log").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = _VALIDATION.findall(text)
+    if not found:
+        return None
+    step, best = found[-1]
+    return int(best or step)
 
 
 def collect_ensemble(args: argparse.Namespace) -> dict | None:

@@ -233,3 +233,21 @@ def test_the_report_has_a_row_per_tuned_decoding_and_the_ensemble(multi30k, tmp_
     assert "ensemble" not in json.loads((runs / "results.json").read_text())
     table = (runs / "results.md").read_text()
     assert "length penalty" not in table and len(table.split("\n\n")[0].splitlines()) == 3
+
+
+def test_the_report_reads_a_run_from_the_small_files_kept_without_its_checkpoints(multi30k, tmp_path, data):
+    # What --results keeps (no last.pt): the best step as train.log's last validation names it, its dev BLEU and
+    # epoch from valid.tsv; the run's own tokens/s is not known.
+    run = tmp_path / "runs" / REVGRU
+    finished_run(run)
+    (run / "valid.tsv").write_text("epoch\tstep\tdev_bleu\telapsed_s\n1\t10\t30.0\t60\n2\t20\t32.5\t120\n"
+                                   "3\t30\t32.0\t180\n")
+    (run / "train.log").write_text(
+        "2026-01-01 00:00:00 INFO validation after epoch 1, step 10: dev loss 2.000 | ppl 7.39 | BLEU 30.00 (best)\n"
+        "2026-01-01 00:01:00 INFO validation after epoch 2, step 20: dev loss 1.900 | ppl 6.69 | BLEU 32.50 (best)\n"
+        "2026-01-01 00:02:00 INFO validation after epoch 3, step 30: dev loss 1.950 | ppl 7.03 | BLEU 32.00 "
+        "(best 32.50 at step 20)\n")
+    assert multi30k.logged_best_step(run) == 20
+    row = multi30k.collect(options(multi30k, tmp_path, data), multi30k.MODELS[REVGRU], {})
+    assert (row["best_epoch"], row["dev_bleu"], row["epochs_trained"], row["run_tokens_per_s"]) == (2, 32.5, 3, None)
+    assert row["finished"] and row["test_sacrebleu"] == 30.0
