@@ -85,15 +85,16 @@ class Reversal:
         self.result: StepResult | None = None  # set by backward
 
     @property
-    def tapes(self) -> tuple[EncoderTape, Tape]:
-        """The encoder's and the decoder's tapes, whose checks the caller reads after each stretch."""
-        return self.enc_tape, self.dec_tape
+    def tapes(self) -> tuple[EncoderTape, Tape] | tuple[Tape, EncoderTape]:
+        """The encoder's and the decoder's tapes, whose checks the caller reads after each stretch, in the order
+        their latest sweeps ran: the encoder's first after the forward stretch, the decoder's after the backward."""
+        return (self.enc_tape, self.dec_tape) if self.result is None else (self.dec_tape, self.enc_tape)
 
     def backward(self) -> None:
         """The backward stretch: accumulate the gradients of loss / normalizer into ``.grad`` and set
         :attr:`result`; the forward sweeps' checks must have been read."""
         model, src, tgt_out, masks = self.model, self.src, self.tgt_out, self.masks
-        enc_tape, dec_tape = self.tapes
+        enc_tape, dec_tape = self.enc_tape, self.dec_tape
         stored = None if enc_tape.slices is None else to_float(enc_tape.slices).requires_grad_()
         memory = model.build_memory(src, masks, stored)
         memory_grad = torch.zeros_like(memory)  # the chunks' attention adds into it (GeneralAttention.forward)
