@@ -23,7 +23,7 @@ from torch import nn
 from .inputs import ReversedInput, SequenceInput
 from .ordinary import OrdinaryRNN
 from .reversible import ReversibleRNN
-from .tape import Tape, settle
+from .tape import Tape, pop_checks, settle
 
 
 @dataclass
@@ -49,7 +49,7 @@ class BidirectionalTape:
 
     def pop_checks(self) -> list:
         """Both directions' checks (:meth:`Tape.pop_checks`), the forward direction's first."""
-        return [check for tape in self.directions for check in tape.pop_checks()]
+        return pop_checks(*self.directions)
 
     def stored_bits(self) -> dict[str, float]:
         bits = [tape.stored_bits() for tape in self.directions]

@@ -72,9 +72,25 @@ def read(checks: list[Check]) -> list[list[int]]:
     return split
 
 
+def pop_checks(*tapes) -> list[Check]:
+    """The checks the tapes' sweeps left (each tape's ``pop_checks()``), in the order of the tapes."""
+    return [check for tape in tapes for check in tape.pop_checks()]
+
+
+def conclude(checks: list[Check], room_fixed: bool = False) -> bool:
+    """Read ``checks`` in one host read and conclude each in order (bad input and a failed guard raise).
+
+    ``room_fixed``: the sweeps cannot run again with more room (they were replayed from a CUDA graph): if a stack
+    outgrew its room, conclude none and return False, for the caller to run the step another way."""
+    values = read(checks)
+    if room_fixed and any(check.outgrown(v) for check, v in zip(checks, values)):
+        return False
+    for check, v in zip(checks, values):
+        check.conclude(v)
+    return True
+
+
 def settle(*tapes) -> None:
     """Read the checks the tapes' sweeps left (:class:`Check`, taken from each tape's ``pop_checks()``) in one
     host read, and conclude each in the order the sweeps ran. Nothing to read, nothing read."""
-    checks = [check for tape in tapes for check in tape.pop_checks()]
-    for check, values in zip(checks, read(checks)):
-        check.conclude(values)
+    conclude(pop_checks(*tapes))

@@ -39,7 +39,7 @@ from revnmt.model import Seq2Seq, StepResult
 from revnmt.model.reversible import ReversibleSeq2Seq
 from revnmt.model.seq2seq import DropoutMasks
 from revnmt.rnn import ReversalError
-from revnmt.rnn.tape import Check, read
+from revnmt.rnn.tape import conclude, pop_checks
 
 logger = logging.getLogger(__name__)
 
@@ -185,37 +185,21 @@ class CapturedStep:
             self.forward = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.forward, pool=steps.pool, stream=steps.stream):
                 reversal = model.reversal(self.src, self.tgt_in, self.tgt_out, self.normalizer, self.masks)
-            self.checks = self._pop_checks(reversal)
+            self.checks = pop_checks(*reversal.tapes)
             self.forward.replay()
-            if not self._conclude(self.checks):
+            if not conclude(self.checks, room_fixed=True):  # the batch outgrew the room: nothing to capture
                 return
             self.backward = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.backward, pool=steps.pool, stream=steps.stream):
                 reversal.backward()
-            self.guards = self._pop_checks(reversal)
+            self.guards = pop_checks(*reversal.tapes)
             self.outputs = reversal.result
             self.backward.replay()
             self.result = self._finish()
 
-    @staticmethod
-    def _pop_checks(reversal) -> list[Check]:
-        return [check for tape in reversal.tapes for check in tape.pop_checks()]
-
-    @staticmethod
-    def _conclude(checks: list[Check]) -> bool:
-        """Read the forward sweeps' checks; False (concluding none) if a stack outgrew the graph's room, else
-        conclude them as ``settle`` does (bad input raises)."""
-        values = read(checks)
-        if any(check.outgrown(v) for check, v in zip(checks, values)):
-            return False
-        for check, v in zip(checks, values):
-            check.conclude(v)
-        return True
-
     def _finish(self) -> StepResult:
         """Read the exactness guards (ReversalError if one fails) and hand out this replay's loss."""
-        for check, values in zip(self.guards, read(self.guards)):
-            check.conclude(values)
+        conclude(self.guards)
         return StepResult(self.outputs.loss.clone(), self.outputs.held_bytes)
 
     def replay(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, normalizer: float,
@@ -225,7 +209,7 @@ class CapturedStep:
         torch._foreach_copy_(self.inputs, [src, tgt_in, tgt_out, *_mask_tensors(masks)])
         self.normalizer.fill_(float(normalizer))
         self.forward.replay()
-        if not self._conclude(self.checks):
+        if not conclude(self.checks, room_fixed=True):
             return None
         self.backward.replay()
         return self._finish()
