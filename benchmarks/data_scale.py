@@ -281,10 +281,24 @@ def folder_state(folder: Path) -> dict[str, tuple[int, int]]:
             for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
+CASE_MARK = ".made-by-data-scale"  # in each case folder this benchmark made: what is inside is its to remove
+
+
+def case_folder(folder: Path) -> Path:
+    """``folder`` for one case's runs, made and marked as this benchmark's; SystemExit if it holds files of someone
+    else's (a ``--work`` folder of the user's)."""
+    if folder.exists() and not (folder / CASE_MARK).exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise SystemExit(f"data_scale: {folder} holds files this benchmark did not make: give another --work")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CASE_MARK).touch()
+    return folder
+
+
 def fresh(folder: Path) -> Path:
-    """``folder``, emptied of what an earlier call left."""
+    """``folder``, in a case folder of this benchmark's (:func:`case_folder`), emptied of what an earlier call left."""
+    if not (folder.parent / CASE_MARK).exists():
+        raise ValueError(f"{folder.parent} is not a case folder this benchmark made")
     shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     return folder
 
 
@@ -390,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         _progress(f"{pairs:,} pairs: corpus in {work}")
         prefix = synthesize(multi30k / MULTI30K_SPLITS["train"], pairs, args.seed, work)
         for kind in args.text:
-            case = measure_case(prefix, valid, pairs, kind, args, extra, work / f"{pairs}-{kind}")
+            case = measure_case(prefix, valid, pairs, kind, args, extra, case_folder(work / f"{pairs}-{kind}"))
             case["corpus"] = {"prefix": str(prefix), "bytes": sum(Path(f"{prefix}.{lang}").stat().st_size
                                                                  for lang in LANGS)}
             report["cases"].append(case)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one command (about 10 minutes on one H100 or H200; the steps' time limits bound it
 # at 15):
-#   bash scripts/gpu_check.sh OUTDIR [all|checks|timings]   (default all)
+#   bash scripts/gpu_check.sh OUTDIR [all|checks|timings|graphs]   (default all)
+# (graphs: in about 5 minutes, the CUDA graphs' and the memory budget's CUDA tests, then step 6 at 64 and 2,048
+# sentences, eager and replayed: a short first look where device time is scarce)
 # Checks, run side by side (they time nothing):
 # 1. the test suite's CUDA cases (every buffer backend on CUDA against the others, the fused Triton half-steps and
 #    the persistent sweeps, host syncs under torch.cuda.set_sync_debug_mode, a whole reversible training step on the
@@ -19,15 +21,20 @@
 #    per-step kernels, eager and replayed from CUDA graphs, decoder chunks of 8 steps (benchmarks/batch_scaling.py:
 #    step time, tokens/s, allocator peak).
 # Every step has a time limit (seconds, in LIMITS below); a step past it counts as failed (exit 124).
-# Writes a log and JSON per step into OUTDIR and a summary, OUTDIR/gpu_check.json; exits 1 if a step failed.
+# Writes a log and JSON per step into OUTDIR, a new or empty folder (its scratch files, the toy corpus and runs, are
+# removed at the end), and a summary, OUTDIR/gpu_check.json; exits 1 if a step failed.
 # Uses .venv if there is one (bash scripts/setup.sh dev), else the python3 on PATH with torch and triton.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bash scripts/gpu_check.sh OUTDIR [all|checks|timings]}
+out=${1:?usage: bash scripts/gpu_check.sh OUTDIR [all|checks|timings|graphs]}
 what=${2:-all}
-case $what in all|checks|timings) ;; *) echo "gpu_check: run all, checks or timings, not '$what'" >&2; exit 2;; esac
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+case $what in all|checks|timings|graphs) ;; *) echo "gpu_check: run all, checks, timings or graphs, not '$what'" >&2
+                                             exit 2;; esac
+# everything in OUTDIR is this script's, to write over and remove: a folder that holds anything is not
+if [ -e "$out" ] && { [ ! -d "$out" ] || [ -n "$(ls -A "$out")" ]; }; then
+    echo "gpu_check: $out exists and is not an empty folder; name a new one for the results" >&2
+    exit 2
+fi
 py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -35,6 +42,8 @@ if ! "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     echo "gpu_check: no CUDA device here; nothing to check" >&2
     exit 2
 fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
 "$py" - >"$out/device.json" <<'PY'
 import json, torch
 info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
@@ -82,7 +91,14 @@ tiny=(--train "$toy/train" --valid "$toy/valid" --emb-dim 32 --hidden-size 32 --
 # where pytest-xdist is installed: in one process they do not finish within their time limit on an H200.
 workers=()
 "$py" -c "import xdist" 2>/dev/null && workers=(-n 8)
-if [ "$what" != timings ]; then
+if [ "$what" = graphs ]; then
+    step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider --tb=short --junitxml "$out/tests.xml" \
+        -k "cuda and (graph or budget or sync)" tests/revnmt/training tests/revnmt/memory tests/revnmt/model
+    step batch-scale "$py" benchmarks/batch_scaling.py --device cuda --rnn gru revgru --lengths 25 \
+        --sentences 64 2048 --decoder-chunk-steps 8 --sweep-kernels steps --cuda-graphs off on --deadline 140 \
+        --json "$out/batch-scale.json"
+fi
+if [ "$what" = all ] || [ "$what" = checks ]; then
     step tests "$py" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" --tb=short \
         --junitxml "$out/tests.xml" -k "cuda or test_triton_steps or test_triton_sweeps or triton_kernels" tests/buffers tests/revnmt &
     step kernels "$py" benchmarks/layers.py --device cuda --count-kernels --json "$out/kernels.json" &
@@ -92,7 +108,7 @@ if [ "$what" != timings ]; then
     wait
 fi
 
-if [ "$what" != checks ]; then
+if [ "$what" = all ] || [ "$what" = timings ]; then
     step layers "$py" benchmarks/layers.py --device cuda --repeats 7 --json "$out/layers.json"
     if data=$("$py" -c "from revnmt.data import find_multi30k; print(find_multi30k(download=False))" 2>/dev/null); then
         iwslt=(--layers 2 --emb-dim 600 --hidden-size 600 --slice-dim 60)

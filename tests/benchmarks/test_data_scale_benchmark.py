@@ -11,6 +11,7 @@ from numbers import Real
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_script
 from conftest import TINY_MODEL
 
 from revnmt.data import find_multi30k
@@ -64,3 +65,20 @@ def test_each_phase_times_its_process_and_reads_its_memory(tmp_path):
         assert len(lines) == PAIRS
         for line in lines[:20]:
             assert line == f"{sentences[rng.randrange(len(sentences))]} {sentences[rng.randrange(len(sentences))]}"
+
+
+def test_a_work_folder_of_the_users_is_never_emptied(tmp_path):
+    # --work DIR: the benchmark empties only the case folders it made (marked), and refuses one holding other files.
+    data_scale = load_script("data_scale")
+    mine = tmp_path / "300-words"
+    (mine / "run").mkdir(parents=True)
+    (mine / "run" / "last.pt").write_text("the user's")
+    with pytest.raises(SystemExit, match="did not make"):
+        data_scale.case_folder(mine)
+    assert (mine / "run" / "last.pt").read_text() == "the user's"
+    with pytest.raises(ValueError, match="not a case folder"):
+        data_scale.fresh(mine / "run")
+    assert (mine / "run" / "last.pt").exists()
+    made = data_scale.case_folder(tmp_path / "new")
+    (made / "run").mkdir()
+    assert data_scale.case_folder(made) == made and not data_scale.fresh(made / "run").exists()

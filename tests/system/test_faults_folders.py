@@ -207,3 +207,21 @@ def _dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
     return child.pid
+
+
+@pytest.mark.parametrize("holds", ["runs", "file"])
+def test_the_gpu_check_refuses_a_folder_that_holds_anything(tmp_path, holds):
+    # scripts/gpu_check.sh writes its logs, a toy corpus and runs into OUTDIR and removes the runs at the end: a
+    # folder of the user's (a runs/ of their trainings) is refused before anything is written, on any machine.
+    out = tmp_path / "out"
+    target = out if holds == "runs" else tmp_path / "a-file"
+    if holds == "runs":
+        (out / "runs" / "mine").mkdir(parents=True)
+        (out / "runs" / "mine" / "last.pt").write_text("weights")
+    else:
+        target.write_text("mine")
+    before = _tree(tmp_path)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script), str(target)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is not an empty folder" in done.stderr.strip().splitlines()[-1]
+    assert _tree(tmp_path) == before
