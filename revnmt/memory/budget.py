@@ -18,6 +18,12 @@ get shorter, so the worst case is not simply the longest length bucket. Every le
 data is checked, with B bounded by T/L and by the number of pairs at most L long (no batch can hold
 more): the worst batch the sampler can form in any epoch.
 
+With CUDA graphs (``--cuda-graphs on``) a step keeps memory after it: each batch shape's graphs keep
+their tapes and static inputs from one replay to the next (``Measured.kept``), and their pool keeps the largest
+captured step's working memory beside the eager steps' cache. The probes then measure a shape's first two steps
+as training takes them (an eager warm-up, then the capture into a fresh pool), and the plan counts the kept
+bytes of every other shape the cache may hold: ``step(B, L) + (shapes - 1) · kept(B, L)``, each fitted as above.
+
 Training checks the measured peak after every step (:class:`BudgetGuard`); a step above the budget
 shrinks the batches for the rest of the run.
 """
@@ -25,6 +31,7 @@ shrinks the batches for the rest of the run.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -79,23 +86,66 @@ class BudgetPlan:
     cost: dict
     worst_batch: tuple[int, int] | None = None  # (sentences, length) of the costliest batch the plan allows
     step_tokens: int | None = None  # set when training outgrew the plan: larger batches train in parts
+    # with CUDA graphs: the batch shapes whose graphs are kept at once, and what one keeps at most between steps
+    shapes: int = 1
+    kept_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, fields: dict) -> BudgetPlan:
-        """The plan of a checkpoint (``to_dict``)."""
-        plan = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+        """The plan of a checkpoint (``to_dict``); BudgetError if a field is missing or not what a plan holds (a
+        checkpoint is read, not trusted)."""
+        known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+
+        def whole(value, low: int = 0) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+        checks = {"budget_bytes": whole, "base_bytes": whole, "batch_tokens": lambda v: whole(v, 1),
+                  "max_length": lambda v: whole(v, 1), "predicted_peak_bytes": whole,
+                  "eval_batch_size": lambda v: whole(v, 1), "measured_by": lambda v: isinstance(v, str),
+                  "cost": lambda v: isinstance(v, dict),
+                  "worst_batch": lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) == 2
+                                                         and all(whole(x, 1) for x in v)),
+                  "step_tokens": lambda v: v is None or whole(v, 1), "shapes": lambda v: whole(v, 1),
+                  "kept_bytes": whole}
+        for name, valid in checks.items():
+            if name in known and not valid(known[name]):
+                raise BudgetError(f"the checkpoint's memory plan is not one revnmt wrote: {name} is "
+                                  f"{known[name]!r}")
+        try:
+            plan = cls(**known)
+        except TypeError as error:  # a field it must have is missing
+            raise BudgetError(f"the checkpoint's memory plan is not one revnmt wrote ({error})") from error
         if plan.worst_batch is not None:
             plan.worst_batch = tuple(plan.worst_batch)
         return plan
 
     def describe(self) -> str:
         parts = "" if self.step_tokens is None else f", trained in parts of up to {self.step_tokens} tokens"
+        graphs = "" if not self.kept_bytes else (f" and by the CUDA graphs of up to {self.shapes} batch shapes, "
+                                                 f"{format_bytes(self.kept_bytes)} each")
         return (f"memory budget {format_bytes(self.budget_bytes)} of peak {self.measured_by}: batches of up to "
                 f"{self.batch_tokens} tokens{parts}, pairs up to {self.max_length} tokens; held between steps "
-                f"{format_bytes(self.base_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}")
+                f"{format_bytes(self.base_bytes)}{graphs}, predicted peak {format_bytes(self.predicted_peak_bytes)}")
+
+    def held_bytes(self) -> int:
+        """What the plan lets training hold between steps: the base, and every kept shape's graphs."""
+        return self.base_bytes + self.shapes * self.kept_bytes
+
+
+class Measured(NamedTuple):
+    """A probe's measurement of a batch's training step: its peak above what was held before it, and what it keeps
+    held after it for the steps of its shape to come (a CUDA graph's tapes and static inputs; nothing eagerly)."""
+
+    peak: int
+    kept: int = 0
+
+
+#: How the plan measures a training step on a batch (:func:`probe_step`, or the CUDA graphs'
+#: :func:`revnmt.training.graphs.probe_graphed_step`).
+Probe = Callable[[Seq2Seq, Batch, PeakMeter], Measured]
 
 
 def optimizer_bytes(model: Seq2Seq, optimizer: str) -> int:
@@ -115,19 +165,16 @@ def synthetic_batch(sentences: int, length: int, src_vocab: int, tgt_vocab: int,
     return Batch(src, lengths, tgt_in, tgt_out, lengths, sentences * length, list(range(sentences))).to(device)
 
 
-def probe_step_bytes(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> int:
-    """Bytes one training step takes above what was held before it, as ``meter`` measures them.
-
-    The step starts as training's do, without gradients (``zero_grad(set_to_none=True)``), so their
-    allocation is part of its cost.
-    """
-    tensors = (batch.src, batch.src_len, batch.tgt_in, batch.tgt_out)
+def measured_bytes(model: Seq2Seq, meter: PeakMeter, run: Callable[[], object]) -> int:
+    """Bytes ``run()`` (training steps of ``model``) takes above what was held before it, as ``meter`` measures
+    them. It starts as training's steps do, without gradients (``zero_grad(set_to_none=True)``), so their
+    allocation is part of its cost."""
     model.train()
     model.zero_grad(set_to_none=True)
     release_free_memory(meter.device)
     before = meter.current()
     meter.reset()
-    model.train_step(*tensors, normalizer=float(batch.n_tokens))
+    run()
     if meter.device.type == "cuda":
         torch.cuda.synchronize(meter.device)
     cost = meter.peak() - before
@@ -135,17 +182,29 @@ def probe_step_bytes(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> int:
     return cost
 
 
-def measure_steps(model: Seq2Seq, points: list[tuple[int, int]], meter: PeakMeter) -> list[int]:
-    """The measured cost of a step on each (sentences, length) batch, each logged: a large model's steps on long
-    sentences take minutes on a CPU, and planning shows its progress."""
+def probe_step_bytes(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> int:
+    """Bytes one training step takes above what was held before it, as ``meter`` measures them."""
+    return measured_bytes(model, meter, lambda: model.train_step(batch.src, batch.src_len, batch.tgt_in,
+                                                                  batch.tgt_out, normalizer=float(batch.n_tokens)))
+
+
+def probe_step(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> Measured:
+    """The eager training step's :class:`Measured`: its peak, keeping nothing."""
+    return Measured(probe_step_bytes(model, batch, meter))
+
+
+def measure_steps(model: Seq2Seq, points: list[tuple[int, int]], meter: PeakMeter, probe: Probe = probe_step
+                  ) -> list[Measured]:
+    """What ``probe`` measures of a step on each (sentences, length) batch, each logged: a large model's steps on
+    long sentences take minutes on a CPU, and planning shows its progress."""
     cfg = model.cfg
-    costs = []
+    measured = []
     for b, length in points:
-        costs.append(probe_step_bytes(model, synthetic_batch(b, length, cfg.src_vocab, cfg.tgt_vocab, meter.device),
-                                      meter))
-        logger.info("memory budget: a step on %d pairs of %d tokens takes %s of %s", b, length,
-                    format_bytes(costs[-1]), meter.what)
-    return costs
+        measured.append(probe(model, synthetic_batch(b, length, cfg.src_vocab, cfg.tgt_vocab, meter.device), meter))
+        kept = f", keeping {format_bytes(measured[-1].kept)}" if measured[-1].kept else ""
+        logger.info("memory budget: a step on %d pairs of %d tokens takes %s of %s%s", b, length,
+                    format_bytes(measured[-1].peak), meter.what, kept)
+    return measured
 
 
 def fit(points: list[tuple[int, int]], costs: list[int]) -> StepCost:
@@ -155,10 +214,32 @@ def fit(points: list[tuple[int, int]], costs: list[int]) -> StepCost:
     return StepCost(max(float(fixed), 0.0), max(float(per_sentence), 0.0), max(float(per_token), 0.0))
 
 
+def probe_points(short: int, long: int) -> list[tuple[int, int]]:
+    """The four small (sentences, length) batches the cost model is first fitted to."""
+    return [(b, length) for length in (short, long) for b in (2, 8)]
+
+
 def fit_step_cost(model: Seq2Seq, short: int, long: int, meter: PeakMeter) -> StepCost:
-    """Probe four small (sentences, length) points and fit the cost model."""
-    points = [(b, length) for length in (short, long) for b in (2, 8)]
-    return fit(points, measure_steps(model, points, meter))
+    """Probe the four small batches of :func:`probe_points` and fit the cost model."""
+    points = probe_points(short, long)
+    return fit(points, [m.peak for m in measure_steps(model, points, meter)])
+
+
+class CostModel(NamedTuple):
+    """The fitted cost of a step (its peak) and of what it keeps, and how many shapes' kept bytes are held at once:
+    the worst batch of a token budget costs the most ``step`` of its batches, and ``shapes - 1`` times the most
+    ``kept`` beside it (the other shapes' graphs)."""
+
+    step: StepCost
+    kept: StepCost = StepCost(0, 0, 0)
+    shapes: int = 1
+
+    def worst(self, batches: list[tuple[int, int]]) -> float:
+        return max(self.step(*b) for b in batches) + (self.shapes - 1) * max(self.kept(*b) for b in batches)
+
+    @classmethod
+    def fitted(cls, points: list[tuple[int, int]], measured: list[Measured], shapes: int) -> CostModel:
+        return cls(fit(points, [m.peak for m in measured]), fit(points, [m.kept for m in measured]), shapes)
 
 
 def held_bytes(model: Seq2Seq, optimizer: str, meter: PeakMeter) -> int:
@@ -188,13 +269,17 @@ def eval_bytes(model: Seq2Seq, sentences: int, length: int, beam: int) -> int:
 
 
 def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
-                eval_batch_size: int = 64, beam: int = 5, mapped_bytes: int = 0) -> BudgetPlan:
+                eval_batch_size: int = 64, beam: int = 5, mapped_bytes: int = 0, probe: Probe = probe_step,
+                shapes: int = 1) -> BudgetPlan:
     """The largest token batch whose training step keeps the measured peak within ``budget`` on data
     with these pair ``lengths``; BudgetError if not even the process as it stands, or one short pair, fits.
 
     ``mapped_bytes``: the memory-mapped data the batches read (the prepared ids). Its pages join the process's
     resident memory as the batches touch them, by the end of an epoch all of them, so on CPU, where the budget
-    is the process's RSS, it is counted as held from the start."""
+    is the process's RSS, it is counted as held from the start.
+
+    ``probe`` measures a step (:data:`Probe`); ``shapes``: how many batch shapes' kept bytes are held at once
+    (the CUDA graphs' ``--cuda-graph-shapes``; an eager step keeps nothing)."""
     track_freed_memory()
     meter = PeakMeter(device)
     usable = budget * (1 - SAFETY_MARGIN)
@@ -208,14 +293,15 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     lengths = np.maximum(np.asarray(lengths), 2)
     present = np.unique(lengths)
     min_length, max_length = int(present[0]), int(present[-1])
-    cost = fit_step_cost(model, min_length, max(max_length, min_length + 1), meter)
+    points = probe_points(min_length, max(max_length, min_length + 1))
+    measured = measure_steps(model, points, meter, probe)
+    cost = CostModel.fitted(points, measured, shapes)
     room = usable - base
     # The probes are small batches and the plan's are large, whose cost per sentence and per token
     # the small ones only estimate: measure batches of a share of the planned size (a full-size step
     # can take a minute) at the shortest, a middle and the longest length, refit on those, and again
     # if the corrected plan moved. What the guard sees while training corrects the rest.
-    points: list[tuple[int, int]] = []
-    costs: list[int] = []
+    points, measured = [], []
     tokens = 0
     for _ in range(CALIBRATIONS):
         planned, _ = _largest_batch(cost, room, lengths, present, min_length, budget, base)
@@ -223,41 +309,51 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
             break
         tokens = planned
         new = sorted({(min(max(int(tokens * CALIBRATION_SHARE) // int(n), 1), int((lengths <= n).sum())), int(n))
-                      for n in (present[0], present[len(present) // 2], present[-1]) if cost(1, n) <= room})
+                      for n in (present[0], present[len(present) // 2], present[-1]) if cost.worst([(1, n)]) <= room})
         points += new
-        costs += measure_steps(model, new, meter)
-        cost = fit(points, costs)
+        measured += measure_steps(model, new, meter, probe)
+        cost = CostModel.fitted(points, measured, shapes)
     # Large steps leave the runtime holding more than a small one did (the math libraries' work
     # buffers grow to the largest product and stay): that is held between all later steps too.
     base = max(base, held_bytes(model, optimizer, meter) + mapped)
     room = usable - base
     tokens, (sentences, length) = _largest_batch(cost, room, lengths, present, min_length, budget, base)
-    longest = max(int(n) for n in present if cost(1, n) <= room)
+    longest = max(int(n) for n in present if cost.worst([(1, n)]) <= room)
     eval_size = eval_batch_size
     while eval_size > 1 and eval_bytes(model, eval_size, longest, beam) > room:
         eval_size //= 2
-    return BudgetPlan(budget, base, tokens, longest, int(base + cost(sentences, length)), eval_size, meter.what,
-                      asdict(cost), (sentences, length))
+    batches = _batches(tokens, _pairs_at_most(lengths, [int(n) for n in present if n <= longest]))
+    kept = int(max(cost.kept(*b) for b in batches))
+    return BudgetPlan(budget, base, tokens, longest, int(base + cost.worst(batches)), eval_size, meter.what,
+                      asdict(cost.step), (sentences, length), shapes=shapes, kept_bytes=kept)
 
 
-def _largest_batch(cost: StepCost, room: float, lengths: np.ndarray, present: np.ndarray, min_length: int,
+def _pairs_at_most(lengths: np.ndarray, fitting: list[int]) -> dict[int, int]:
+    """For each length L, the pairs of the data at most L long."""
+    return {length: int((lengths <= length).sum()) for length in fitting}
+
+
+def _batches(tokens: int, at_most: dict[int, int]) -> list[tuple[int, int]]:
+    """The costliest batch of each length the sampler can form with a token budget: a batch whose longest pair has
+    L tokens holds at most T // L pairs, and no more than the pairs of the data that are at most L long (in any
+    epoch)."""
+    return [(min(max(tokens // length, 1), pairs), length) for length, pairs in at_most.items()]
+
+
+def _largest_batch(cost: CostModel, room: float, lengths: np.ndarray, present: np.ndarray, min_length: int,
                    budget: int, base: int) -> tuple[int, tuple[int, int]]:
     """The largest token budget T whose worst batch costs at most ``room``, and that worst batch's
     (sentences, length); BudgetError if not one short pair fits."""
-    fitting = [int(length) for length in present if cost(1, length) <= room]
+    fitting = [int(length) for length in present if cost.worst([(1, length)]) <= room]
     if not fitting:
         raise BudgetError(f"not even one {min_length}-token pair fits: a training step needs about "
-                          f"{format_bytes(int(cost(1, min_length) + base))} of the {format_bytes(budget)} budget")
+                          f"{format_bytes(int(cost.worst([(1, min_length)]) + base))} of the "
+                          f"{format_bytes(budget)} budget")
     longest = fitting[-1]
-    # A batch whose longest pair has L tokens holds at most T // L pairs, and no more than the pairs
-    # of the data that are at most L long: the worst batch the sampler can form, in any epoch.
-    at_most = {length: int((lengths <= length).sum()) for length in fitting}
-
-    def batches(tokens: int) -> list[tuple[int, int]]:
-        return [(min(max(tokens // length, 1), at_most[length]), length) for length in fitting]
+    at_most = _pairs_at_most(lengths, fitting)
 
     def worst(tokens: int) -> float:
-        return max(cost(*batch) for batch in batches(tokens))
+        return cost.worst(_batches(tokens, at_most))
 
     low, high = longest, longest * at_most[longest]  # one longest pair .. every pair in one batch
     if worst(high) <= room:
@@ -265,7 +361,7 @@ def _largest_batch(cost: StepCost, room: float, lengths: np.ndarray, present: np
     while low < high:  # the largest T with worst(T) <= room (worst grows with T)
         mid = (low + high + 1) // 2
         low, high = (mid, high) if worst(mid) <= room else (low, mid - 1)
-    return low, max(batches(low), key=lambda batch: cost(*batch))
+    return low, max(_batches(low, at_most), key=lambda batch: cost.step(*batch))
 
 
 class BudgetGuard:
@@ -273,7 +369,9 @@ class BudgetGuard:
 
     Two things can outgrow the plan: a step's peak, when a batch costs more than the fitted cost
     said, and what the process keeps between steps, which grows over the first steps (the math
-    libraries' work buffers, the heap's fragments) beyond what the planning probes left. Either
+    libraries' work buffers, the heap's fragments) beyond what the planning probes left (and, with CUDA
+    graphs, the kept shapes' share). What is kept is the meter's :meth:`~revnmt.memory.peak.PeakMeter.live`
+    bytes: on CUDA the allocator's cache of free blocks is the next step's to reuse, not a loss of room. Either
     shrinks the plan: batches larger than ``plan.step_tokens`` then train in parts whose gradients
     add up to the whole batch's, so the updates stay the same (``revnmt.training.trainer``). A step
     over the budget is reported once, with the batch that did it; the peak then restarts, so that
@@ -294,16 +392,17 @@ class BudgetGuard:
         largest part): True if the plan still holds, else shrink it (with a warning the first time a
         step went over the budget) and return False."""
         plan = self.plan
-        peak, held = self.meter.peak(), self.meter.current()
+        peak, held = self.meter.peak(), self.meter.live()
         usable = plan.budget_bytes * (1 - SAFETY_MARGIN)
         limit = plan.step_tokens or plan.batch_tokens
         # Step costs grow about linearly with the tokens of a batch: scale the limit by the room left.
         shrink = 1.0
         if peak > plan.budget_bytes:
             shrink = max(usable - plan.base_bytes, 0) / max(peak - plan.base_bytes, 1) * min(tokens, limit) / limit
-        if held > plan.base_bytes:
-            shrink = min(shrink, max(usable - held, 0) / max(usable - plan.base_bytes, 1))
-            plan.base_bytes = held
+        allowed = plan.held_bytes()  # the base, and the kept graphs' share of every step's room
+        if held > allowed:
+            shrink = min(shrink, max(usable - held, 0) / max(usable - allowed, 1))
+            plan.base_bytes += held - allowed
         if shrink >= 0.98:
             return True
         plan.step_tokens = max(1, int(limit * shrink))

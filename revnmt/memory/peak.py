@@ -91,6 +91,14 @@ class PeakMeter:
         rss = _status_bytes("VmRSS")
         return rss if rss is not None else self.peak()
 
+    def live(self) -> int:
+        """Bytes in use now, which the next step cannot have: on CUDA the allocator's allocated bytes (the free
+        blocks it caches beside them are the next step's to reuse, so what :meth:`current` holds above this is no
+        loss of room), on CPU the resident memory (freed memory goes back to the system)."""
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device)
+        return self.current()
+
     def peak(self) -> int:
         """The most bytes held since the last :meth:`reset` (or since the process started)."""
         if self.device.type == "cuda":

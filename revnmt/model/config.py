@@ -172,7 +172,8 @@ class ExecutionConfig:
                               "(docs/gpu.md#cuda-graphs)")
     cuda_graph_shapes: int = option(64, check=positive, role=RUN_TIME,
                                     help="with --cuda-graphs on: batch shapes whose graphs are kept at once, the least "
-                                    "recently used dropped first (each keeps its buffers' memory)")
+                                    "recently used dropped first (each keeps its buffers' memory, which "
+                                    "--memory-budget counts)")
 
     def check_for(self, model: ModelConfig) -> ExecutionConfig:
         """Raise ValueError if this does not apply to ``model``'s family; return self."""

@@ -181,9 +181,6 @@ class RunConfig:
                 raise ValueError(f"--cuda-graphs on needs a GPU (--device cuda), not --device {self.training.device}")
             if self.training.hogwild:
                 raise ValueError("--cuda-graphs on is for one process a GPU (torchrun), not --hogwild workers")
-            if self.training.memory_budget is not None:
-                raise ValueError("--cuda-graphs on keeps each captured shape's buffers, which --memory-budget does "
-                                 "not count yet: leave one of them out")
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> RunConfig:

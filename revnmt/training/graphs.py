@@ -21,7 +21,9 @@ then the reverses' exactness guards. So the step is two stretches of launches, t
   and which are the parameters' ``.grad`` after a step: a step of several parts (``--update-freq``) adds up as the
   eager one does.
 - **Memory.** Every graph captures into one pool, which holds the largest step's working memory for good; each
-  shape also keeps its tapes' buffers and states (``shapes`` shapes at most, the least recently used dropped first).
+  shape also keeps its tapes' buffers and states and its static inputs (``shapes`` shapes at most, the least
+  recently used dropped first), bytes measured when it is captured (:attr:`CapturedStep.kept_bytes`). A memory budget
+  plans with :func:`probe_graphed_step` and counts every kept shape (:mod:`revnmt.memory.budget`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from buffers import FixedPointOverflowError
+from revnmt.data import Batch
+from revnmt.memory.budget import Measured, measured_bytes
+from revnmt.memory.peak import PeakMeter
 from revnmt.model import Seq2Seq, StepResult
 from revnmt.model.reversible import ReversibleSeq2Seq
 from revnmt.model.seq2seq import DropoutMasks
@@ -101,6 +106,7 @@ class GraphedSteps:
             logger.info("a batch of shape %s outgrew its CUDA graph's stack room: run eagerly, captured again", key)
         elif self.seen[key] >= self.warmup:
             self._hand_grads_to_graphs()
+            allocated = torch.cuda.memory_allocated(src.device)
             try:
                 step = CapturedStep(self, src, tgt_in, tgt_out, normalizer, masks)
             except (ReversalError, FixedPointOverflowError):
@@ -110,6 +116,10 @@ class GraphedSteps:
                                         f"CUDA graph ({str(error).splitlines()[0]}): train with --cuda-graphs off"
                                         ) from error
             result = step.result
+            # what the capture left allocated (the stretches' own tensors went back to the pool with their
+            # Reversal) is what the shape keeps from one replay to the next, less the loss handed out
+            step.kept_bytes = torch.cuda.memory_allocated(src.device) - allocated - (
+                0 if result is None else result.loss.untyped_storage().nbytes())
             if result is not None:
                 self.seen.pop(key)
                 self.captured[key] = step
@@ -127,6 +137,12 @@ class GraphedSteps:
         if first:
             self.untrained = [p for p in before if p.grad is None]
         return result
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes the kept shapes' graphs hold between steps (their tapes and static inputs), as measured at each
+        capture by the CUDA allocator."""
+        return sum(step.kept_bytes for step in self.captured.values())
 
     def _untrained_without_grads(self, result: StepResult) -> StepResult:
         """``result``, the parameters no step trains left with ``.grad`` None (a graph gave them zeros)."""
@@ -150,6 +166,21 @@ class GraphedSteps:
             if p.grad is not None and p.grad is not mine:
                 mine.copy_(p.grad)
             p.grad = mine
+
+
+def probe_graphed_step(model: ReversibleSeq2Seq, batch: Batch, meter: PeakMeter) -> Measured:
+    """A memory budget's probe (:data:`revnmt.memory.budget.Probe`) of a batch shape's step with CUDA graphs, as
+    training takes its first two: the eager warm-up, then the capture into a fresh pool (the graphs' pool then
+    holding the step's working memory beside the eager steps' cache). Its peak, and what the capture keeps."""
+    kept = []
+
+    def first_two_steps() -> None:
+        steps = GraphedSteps(model, shapes=1)
+        for _ in range(steps.warmup + 1):
+            steps(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, normalizer=float(batch.n_tokens))
+        kept.append(steps.kept_bytes)
+
+    return Measured(measured_bytes(model, meter, first_two_steps), kept[0])
 
 
 class _Joined:
@@ -181,6 +212,7 @@ class CapturedStep:
                                                       getattr(masks, f.name)) for f in fields(masks)})
         self.inputs = [self.src, self.tgt_in, self.tgt_out, *_mask_tensors(self.masks)]
         self.result: StepResult | None = None
+        self.kept_bytes = 0  # measured by GraphedSteps once made
         with steps._on_stream():
             self.forward = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.forward, pool=steps.pool, stream=steps.stream):

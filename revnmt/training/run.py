@@ -28,7 +28,7 @@ from revnmt.data import DataOptions, TrainingData, load_data, prepared_options, 
 from revnmt.data.fingerprint import fingerprint_changes
 from revnmt.data.loading import input_files
 from revnmt.data.prepared import check_preparable
-from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget
+from revnmt.memory.budget import BudgetError, BudgetPlan, plan_budget, probe_step
 from revnmt.memory.peak import PeakMeter
 from revnmt.memory.sizes import format_bytes
 from revnmt.model import Seq2Seq, build_model
@@ -37,6 +37,7 @@ from revnmt.translation import Translator, evaluate
 from .config import CHANGEABLE_ON_RESUME, RunConfig, TrainingConfig
 from .curves import TENSORBOARD_DIR, Curves, require_tensorboard
 from .distributed import DistributedTrainer, Job
+from .graphs import probe_graphed_step
 from .hogwild import HogwildTrainer
 from .interrupts import Interrupted, stop_on_signals
 from .trainer import Trainer
@@ -202,8 +203,13 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
     A resumed run keeps the plan it started with: re-measuring a trained model could choose
     another batch, and the run would no longer repeat an uninterrupted one.
     """
+    graphs = model.execution.cuda_graphs == "on"  # each kept shape's graphs hold memory between steps
     if checkpoint is not None and checkpoint.memory_plan:
         plan = BudgetPlan.from_dict(checkpoint.memory_plan)
+        if graphs != bool(plan.kept_bytes):
+            logger.warning("the memory plan was made %s CUDA graphs and is kept, so that the batches stay the same: "
+                           "the budget's check after every step shrinks them if the graphs' memory does not fit",
+                           "with" if plan.kept_bytes else "without")
     else:
         capacity = PeakMeter(cfg.device).capacity()
         if capacity is not None and cfg.memory_budget > capacity:
@@ -211,7 +217,9 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
                            "that does not fit", format_bytes(cfg.memory_budget), format_bytes(capacity))
         plan = plan_budget(model, cfg.memory_budget, cfg.optimizer, data.train.lengths, torch.device(cfg.device),
                            beam=max(cfg.valid_beam, cfg.test_beam),
-                           mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes())
+                           mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes(),
+                           probe=probe_graphed_step if graphs else probe_step,
+                           shapes=model.execution.cuda_graph_shapes if graphs else 1)
     logger.info("%s", plan.describe())
     if cfg.hogwild:
         logger.warning("--memory-budget %s bounds each training process's steps: with --hogwild %d the workers "

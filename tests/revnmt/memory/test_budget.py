@@ -10,6 +10,8 @@ from revnmt.memory.budget import (
     BudgetError,
     BudgetGuard,
     BudgetPlan,
+    CostModel,
+    Measured,
     StepCost,
     _largest_batch,
     accumulation_for,
@@ -123,7 +125,7 @@ def test_every_batch_the_sampler_forms_is_within_the_plan(cost):
     # The search for the largest token batch, on a known cost: no batch the sampler forms costs more
     # than the plan's costliest one, which fits the room.
     room, lengths = 6 * MiB, LENGTHS
-    tokens, (sentences, length) = _largest_batch(cost, room, lengths, np.unique(lengths), 4, 100 * MiB, 0)
+    tokens, (sentences, length) = _largest_batch(CostModel(cost), room, lengths, np.unique(lengths), 4, 100 * MiB, 0)
     assert cost(sentences, length) <= room < cost(min(tokens // length + 1, int((lengths <= length).sum())), length) \
         or sentences == int((lengths <= length).sum())  # one more pair would not fit (or the data has no more)
     sampler = BatchSampler(lengths, batch_tokens=tokens, seed=3)
@@ -131,6 +133,85 @@ def test_every_batch_the_sampler_forms_is_within_the_plan(cost):
     for epoch in (1, 2, 3):
         for batch in sampler.batches(epoch):
             assert cost(len(batch), lengths[batch].max()) <= cost(sentences, length) + 1
+
+
+def test_with_cuda_graphs_every_batch_fits_beside_the_other_shapes_kept():
+    # The other kept shapes' graphs hold their tapes beside every step: the plan fits the costliest step and
+    # shapes - 1 times the most any batch keeps into the room, so it fits fewer tokens than the eager step's.
+    step, kept, room, lengths = StepCost(2 * MiB, 40_000, 3_000), StepCost(0, 2_000, 300), 12 * MiB, LENGTHS
+    present = np.unique(lengths)
+    eager, _ = _largest_batch(CostModel(step), room, lengths, present, 4, 100 * MiB, 0)
+    tokens, _ = _largest_batch(CostModel(step, kept, 8), room, lengths, present, 4, 100 * MiB, 0)
+    assert tokens < eager
+    batches = BatchSampler(lengths, batch_tokens=tokens, seed=3).batches(1)
+    costs = [(step(len(b), lengths[b].max()), kept(len(b), lengths[b].max())) for b in batches]
+    assert max(c for c, _ in costs) + 7 * max(k for _, k in costs) <= room
+
+
+def test_a_plan_with_kept_shapes_counts_them_in_its_peak_and_between_steps():
+    # A probe that measures known costs (as the CUDA graphs' probe would measure them): the plan predicts the
+    # costliest step with every other shape's kept bytes, and lets training hold every shape's between steps.
+    step, kept = StepCost(MiB, 30_000, 2_500), StepCost(4_096, 1_000, 200)
+
+    def probe(model, batch, meter):
+        b, length = batch.src.shape
+        return Measured(int(step(b, length)), int(kept(b, length)))
+
+    model = _model()
+    budget = _budget_above_base(model, 24 * MiB)
+    plan = plan_budget(model, budget, "adam", LENGTHS, CPU, probe=probe, shapes=5)
+    sentences, length = plan.worst_batch
+    assert plan.shapes == 5 and plan.kept_bytes >= int(kept(sentences, length))
+    assert plan.predicted_peak_bytes >= plan.base_bytes + step(sentences, length) + 4 * plan.kept_bytes - 1
+    assert plan.predicted_peak_bytes <= budget * 0.9
+    assert plan.held_bytes() == plan.base_bytes + 5 * plan.kept_bytes
+    assert "CUDA graphs of up to 5 batch shapes" in plan.describe()
+    eager = plan_budget(model, budget, "adam", LENGTHS, CPU,
+                        probe=lambda m, b, meter: Measured(probe(m, b, meter).peak))
+    assert eager.kept_bytes == 0 and eager.batch_tokens > plan.batch_tokens
+
+
+class _FakeCuda:
+    """What the CUDA allocator reports, set by the test: reserved bytes (with the cache of free blocks), allocated
+    (live) bytes, and the reserved peak."""
+
+    def __init__(self, monkeypatch, reserved: int, allocated: int, peak: int) -> None:
+        self.reserved, self.allocated, self.peak = reserved, allocated, peak
+        for name, value in {"memory_reserved": lambda device=None: self.reserved,
+                            "memory_allocated": lambda device=None: self.allocated,
+                            "max_memory_reserved": lambda device=None: self.peak,
+                            "synchronize": lambda device=None: None,
+                            "reset_peak_memory_stats": lambda device=None: None}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def _cuda_plan(**fields) -> BudgetPlan:
+    return BudgetPlan(**(dict(budget_bytes=1000 * MiB, base_bytes=300 * MiB, batch_tokens=4000, max_length=30,
+                              predicted_peak_bytes=880 * MiB, eval_batch_size=8, measured_by="CUDA reserved",
+                              cost={}) | fields))
+
+
+def test_on_cuda_the_blocks_the_allocator_caches_after_a_step_are_not_held(monkeypatch):
+    # After a step the CUDA allocator keeps the step's freed blocks reserved, for the next step to reuse: what the
+    # process holds between steps is the allocated bytes, so a plan whose step fits is left as it is.
+    cuda = _FakeCuda(monkeypatch, reserved=880 * MiB, allocated=300 * MiB, peak=880 * MiB)
+    plan = _cuda_plan()
+    guard = BudgetGuard(plan, torch.device("cuda"))
+    assert guard.check(100, 30, 3000) and plan.step_tokens is None and plan.base_bytes == 300 * MiB
+    # what is really held (allocated) grows past the plan's base: the steps get that much less room
+    cuda.allocated = 400 * MiB
+    assert not guard.check(100, 30, 3000)
+    assert plan.base_bytes == 400 * MiB and plan.step_tokens == int(4000 * 500 / 600)
+
+
+def test_the_kept_shapes_graphs_are_part_of_what_the_plan_lets_training_hold(monkeypatch):
+    # With CUDA graphs the kept shapes' tapes are live between steps: up to shapes x kept_bytes above the base.
+    cuda = _FakeCuda(monkeypatch, reserved=900 * MiB, allocated=300 * MiB + 4 * 20 * MiB, peak=880 * MiB)
+    plan = _cuda_plan(shapes=4, kept_bytes=20 * MiB)
+    guard = BudgetGuard(plan, torch.device("cuda"))
+    assert guard.check(100, 30, 3000) and plan.step_tokens is None
+    cuda.allocated += 100 * MiB  # beyond them: the steps get that much less room
+    assert not guard.check(100, 30, 3000) and plan.base_bytes == 400 * MiB
 
 
 def test_a_step_over_the_budget_shrinks_the_plan_once_and_warns(caplog):
@@ -143,6 +224,17 @@ def test_a_step_over_the_budget_shrinks_the_plan_once_and_warns(caplog):
     assert not guard.check(100, 30, 3000)
     assert 1 <= plan.step_tokens < 3000 and "over the" in caplog.text
     assert BudgetPlan.from_dict(plan.to_dict() | {"measured_peak": "x"}) == plan  # saved with the checkpoint
+
+
+@pytest.mark.parametrize("field, value", [("batch_tokens", "4000"), ("batch_tokens", 0), ("shapes", True),
+                                          ("kept_bytes", -1), ("worst_batch", [3]), ("cost", None)])
+def test_a_checkpoints_memory_plan_is_checked_before_it_is_used(field, value):
+    plan = _cuda_plan(worst_batch=(10, 30))
+    assert BudgetPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(BudgetError, match=f"not one revnmt wrote: {field} is"):
+        BudgetPlan.from_dict(plan.to_dict() | {field: value})
+    with pytest.raises(BudgetError, match="not one revnmt wrote"):
+        BudgetPlan.from_dict({k: v for k, v in plan.to_dict().items() if k != "base_bytes"})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

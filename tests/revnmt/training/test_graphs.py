@@ -167,7 +167,8 @@ def cpu_graphs(monkeypatch):
 
     for name, fake in {"Stream": Stream, "CUDAGraph": _RecordedGraph, "graph_pool_handle": lambda: None,
                        "graph": lambda graph, pool=None, stream=None: contextlib.nullcontext(),
-                       "current_stream": Stream, "stream": lambda stream: contextlib.nullcontext()}.items():
+                       "current_stream": Stream, "stream": lambda stream: contextlib.nullcontext(),
+                       "memory_allocated": lambda device=None: 0}.items():
         monkeypatch.setattr(torch.cuda, name, fake)
 
 
@@ -217,6 +218,26 @@ def test_a_capture_whose_batch_outgrew_its_room_trains_it_eagerly_and_keeps_no_g
     assert (graphs.eager, graphs.captures, len(graphs.captured)) == (2, 0, 0)
     assert torch.equal(got.loss, want.loss)
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+
+
+def test_a_capture_measures_what_its_shape_keeps_for_its_replays(cpu_graphs, monkeypatch):
+    # What the allocator holds after a capture beyond what it held before, less the loss handed out, is the shape's
+    # (its tapes and static inputs): the memory budget counts it for every shape kept, and its probe measures it.
+    from revnmt.data import Batch
+    from revnmt.memory.peak import PeakMeter
+    from revnmt.training.graphs import probe_graphed_step
+
+    allocated = iter([5_000, 5_000 + 1_234 + 4, 7_000, 7_000 + 777 + 4])  # a float32 loss: 4 bytes
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(allocated))
+    batch = _batch(8, 7, 6, seed=0)
+    graphs = GraphedSteps(_model())
+    for _ in range(2):  # warmed up, then captured
+        graphs(*batch, normalizer=_tokens(batch))
+    assert graphs.captures == 1 and graphs.kept_bytes == 1_234
+    src, src_len, tgt_in, tgt_out = batch
+    measured = probe_graphed_step(_model(), Batch(src, src_len, tgt_in, tgt_out, src_len, int(_tokens(batch)),
+                                                  list(range(8))), PeakMeter("cpu"))
+    assert measured.kept == 777
 
 
 # ---------------------------------------------------------------------------------------------------- on a GPU
@@ -350,3 +371,50 @@ def test_revnmt_train_with_cuda_graphs_on_saves_the_run_of_cuda_graphs_off(train
         return [line.split("\t")[:5] for line in (tmp_path / run / "valid.tsv").read_text().splitlines()]
 
     assert dev("off") == dev("on")
+
+
+@cuda
+def test_cuda_graphs_under_a_memory_budget_keep_the_reserved_peak_within_it():
+    # The plan counts what the graphs keep: the graphs' pool beside the eager steps' cache, and every kept shape's
+    # tapes. Training the plan's batches at several lengths, each shape warmed up, captured and replayed, stays in.
+    import numpy as np
+
+    from revnmt.memory.budget import base_bytes, plan_budget, synthetic_batch
+    from revnmt.memory.peak import PeakMeter, release_free_memory
+    from revnmt.training.graphs import probe_graphed_step
+
+    device, mib = torch.device("cuda"), 2 ** 20
+    lengths = np.array([4, 6, 9, 12, 16, 20, 25, 30] * 40)
+    model = _model(device="cuda")
+    meter = PeakMeter(device)
+    budget = int((base_bytes(model, "adam", meter) + 128 * mib) / 0.9)
+    plan = plan_budget(model, budget, "adam", lengths, device, probe=probe_graphed_step, shapes=3)
+    eager = plan_budget(model, budget, "adam", lengths, device)
+    assert plan.kept_bytes > 0 and plan.batch_tokens <= eager.batch_tokens
+    graphs = GraphedSteps(model, shapes=3, warmup=1)
+    optimizer = torch.optim.Adam(model.parameters())
+    release_free_memory(device)
+    meter.reset()
+    for length in (4, 12, 30):
+        sentences = min(plan.batch_tokens // length, int((lengths <= length).sum()))
+        batch = synthetic_batch(sentences, length, VOCAB, VOCAB, device)
+        for _ in range(3):  # warm-up, capture, replay
+            graphs(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, float(batch.n_tokens))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    assert graphs.captures == 3 and graphs.kept_bytes <= plan.shapes * plan.kept_bytes
+    assert meter.peak() <= budget and meter.live() <= budget
+
+
+@cuda
+def test_revnmt_train_with_cuda_graphs_on_plans_a_memory_budget_with_them(train, tmp_path, caplog):
+    # --memory-budget with --cuda-graphs on: the plan measures the graphed step and counts the kept shapes; the
+    # run trains within it.
+    import logging
+
+    caplog.set_level(logging.INFO)
+    options = ["--device", "cuda", "--epochs", "1", "--memory-budget", "1GiB", "--cuda-graph-shapes", "8"]
+    assert train(tmp_path / "run", *options, "--cuda-graphs", "on") == 0
+    assert "CUDA graphs of up to 8 batch shapes" in caplog.text
+    plan = Checkpoint.load(tmp_path / "run" / "last.pt").memory_plan
+    assert plan["shapes"] == 8 and plan["kept_bytes"] > 0
