@@ -270,7 +270,7 @@ def eval_bytes(model: Seq2Seq, sentences: int, length: int, beam: int) -> int:
 
 def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
                 eval_batch_size: int = 64, beam: int = 5, mapped_bytes: int = 0, probe: Probe = probe_step,
-                shapes: int = 1) -> BudgetPlan:
+                shapes: int = 1, held_for_good: int = 0) -> BudgetPlan:
     """The largest token batch whose training step keeps the measured peak within ``budget`` on data
     with these pair ``lengths``; BudgetError if not even the process as it stands, or one short pair, fits.
 
@@ -279,12 +279,13 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     is the process's RSS, it is counted as held from the start.
 
     ``probe`` measures a step (:data:`Probe`); ``shapes``: how many batch shapes' kept bytes are held at once
-    (the CUDA graphs' ``--cuda-graph-shapes``; an eager step keeps nothing)."""
+    (the CUDA graphs' ``--cuda-graph-shapes``; an eager step keeps nothing); ``held_for_good``: what the steps hold
+    between them from the first on, beside the model and the optimizer (the CUDA graphs' gradient accumulators)."""
     track_freed_memory()
     meter = PeakMeter(device)
     usable = budget * (1 - SAFETY_MARGIN)
     mapped = mapped_bytes if meter.device.type == "cpu" else 0  # on CUDA the budget is the device's memory
-    base = base_bytes(model, optimizer, meter) + mapped
+    base = base_bytes(model, optimizer, meter) + mapped + held_for_good
     if base >= usable:
         raise BudgetError(f"before its first step the process holds {format_bytes(base)} ({meter.what}: the runtime, "
                           f"data, model and {optimizer} state, plus a {SAFETY_MARGIN:.0%} margin): a budget of at "
@@ -315,7 +316,7 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
         cost = CostModel.fitted(points, measured, shapes)
     # Large steps leave the runtime holding more than a small one did (the math libraries' work
     # buffers grow to the largest product and stay): that is held between all later steps too.
-    base = max(base, held_bytes(model, optimizer, meter) + mapped)
+    base = max(base, held_bytes(model, optimizer, meter) + mapped + held_for_good)
     room = usable - base
     tokens, (sentences, length) = _largest_batch(cost, room, lengths, present, min_length, budget, base)
     longest = max(int(n) for n in present if cost.worst([(1, n)]) <= room)

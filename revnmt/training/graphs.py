@@ -138,6 +138,12 @@ class GraphedSteps:
             self.untrained = [p for p in before if p.grad is None]
         return result
 
+    @staticmethod
+    def gradient_bytes(model: ReversibleSeq2Seq) -> int:
+        """Bytes of the gradient accumulators every shape's graphs share, held from the first step on (an eager step's
+        ``.grad`` is freed by ``zero_grad``)."""
+        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
     @property
     def kept_bytes(self) -> int:
         """Bytes the kept shapes' graphs hold between steps (their tapes and static inputs), as measured at each

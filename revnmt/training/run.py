@@ -37,7 +37,7 @@ from revnmt.translation import Translator, evaluate
 from .config import CHANGEABLE_ON_RESUME, RunConfig, TrainingConfig
 from .curves import TENSORBOARD_DIR, Curves, require_tensorboard
 from .distributed import DistributedTrainer, Job
-from .graphs import probe_graphed_step
+from .graphs import GraphedSteps, probe_graphed_step
 from .hogwild import HogwildTrainer
 from .interrupts import Interrupted, stop_on_signals
 from .trainer import Trainer
@@ -219,7 +219,8 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
                            beam=max(cfg.valid_beam, cfg.test_beam),
                            mapped_bytes=data.train.mapped_bytes() + data.valid.mapped_bytes(),
                            probe=probe_graphed_step if graphs else probe_step,
-                           shapes=model.execution.cuda_graph_shapes if graphs else 1)
+                           shapes=model.execution.cuda_graph_shapes if graphs else 1,
+                           held_for_good=GraphedSteps.gradient_bytes(model) if graphs else 0)
     logger.info("%s", plan.describe())
     if cfg.hogwild:
         logger.warning("--memory-budget %s bounds each training process's steps: with --hogwild %d the workers "

@@ -169,6 +169,9 @@ def test_a_plan_with_kept_shapes_counts_them_in_its_peak_and_between_steps():
     eager = plan_budget(model, budget, "adam", LENGTHS, CPU,
                         probe=lambda m, b, meter: Measured(probe(m, b, meter).peak))
     assert eager.kept_bytes == 0 and eager.batch_tokens > plan.batch_tokens
+    # what the graphs hold for good (their gradient accumulators) is held before the first step
+    with pytest.raises(BudgetError, match="before its first step the process holds"):
+        plan_budget(model, budget, "adam", LENGTHS, CPU, probe=probe, shapes=5, held_for_good=budget)
 
 
 class _FakeCuda:
