@@ -214,17 +214,6 @@ def fit(points: list[tuple[int, int]], costs: list[int]) -> StepCost:
     return StepCost(max(float(fixed), 0.0), max(float(per_sentence), 0.0), max(float(per_token), 0.0))
 
 
-def probe_points(short: int, long: int) -> list[tuple[int, int]]:
-    """The four small (sentences, length) batches the cost model is first fitted to."""
-    return [(b, length) for length in (short, long) for b in (2, 8)]
-
-
-def fit_step_cost(model: Seq2Seq, short: int, long: int, meter: PeakMeter) -> StepCost:
-    """Probe the four small batches of :func:`probe_points` and fit the cost model."""
-    points = probe_points(short, long)
-    return fit(points, [m.peak for m in measure_steps(model, points, meter)])
-
-
 class CostModel(NamedTuple):
     """The fitted cost of a step (its peak) and of what it keeps, and how many shapes' kept bytes are held at once:
     the worst batch of a token budget costs the most ``step`` of its batches, and ``shapes - 1`` times the most
@@ -268,6 +257,13 @@ def eval_bytes(model: Seq2Seq, sentences: int, length: int, beam: int) -> int:
     return max(validation, search)
 
 
+def fit_costs(model: Seq2Seq, short: int, long: int, meter: PeakMeter, probe: Probe = probe_step,
+              shapes: int = 1) -> CostModel:
+    """Probe four small (sentences, length) batches and fit the cost model of a step and of what it keeps."""
+    points = [(b, length) for length in (short, long) for b in (2, 8)]
+    return CostModel.fitted(points, measure_steps(model, points, meter, probe), shapes)
+
+
 def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
                 eval_batch_size: int = 64, beam: int = 5, mapped_bytes: int = 0, probe: Probe = probe_step,
                 shapes: int = 1, held_for_good: int = 0) -> BudgetPlan:
@@ -294,9 +290,7 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     lengths = np.maximum(np.asarray(lengths), 2)
     present = np.unique(lengths)
     min_length, max_length = int(present[0]), int(present[-1])
-    points = probe_points(min_length, max(max_length, min_length + 1))
-    measured = measure_steps(model, points, meter, probe)
-    cost = CostModel.fitted(points, measured, shapes)
+    cost = fit_costs(model, min_length, max(max_length, min_length + 1), meter, probe, shapes)
     room = usable - base
     # The probes are small batches and the plan's are large, whose cost per sentence and per token
     # the small ones only estimate: measure batches of a share of the planned size (a full-size step

@@ -16,7 +16,7 @@ from revnmt.memory.budget import (
     _largest_batch,
     accumulation_for,
     base_bytes,
-    fit_step_cost,
+    fit_costs,
     optimizer_bytes,
     plan_budget,
     probe_step_bytes,
@@ -70,7 +70,7 @@ def test_the_peak_meter_sees_a_tensor_come_and_go():
 def test_the_fitted_cost_predicts_an_unseen_batch(rnn, attention):
     model, meter = _model(rnn, attention), PeakMeter(CPU)
     base_bytes(model, "adam", meter)  # warm up
-    cost = fit_step_cost(model, 4, 30, meter)
+    cost = fit_costs(model, 4, 30, meter).step
     measured = probe_step_bytes(model, synthetic_batch(5, 17, 2000, 4000, CPU), meter)
     assert cost(5, 17) == pytest.approx(measured, rel=0.25)
 
