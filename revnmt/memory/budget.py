@@ -31,6 +31,7 @@ shrinks the batches for the rest of the run.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -112,12 +113,12 @@ class BudgetPlan:
                   "kept_bytes": whole}
         for name, valid in checks.items():
             if name in known and not valid(known[name]):
-                raise BudgetError(f"the checkpoint's memory plan is not one revnmt wrote: {name} is "
+                raise BudgetError(f"its memory plan is not one revnmt wrote: {name} is "
                                   f"{known[name]!r}")
         try:
             plan = cls(**known)
         except TypeError as error:  # a field it must have is missing
-            raise BudgetError(f"the checkpoint's memory plan is not one revnmt wrote ({error})") from error
+            raise BudgetError(f"its memory plan is not one revnmt wrote ({error})") from error
         if plan.worst_batch is not None:
             plan.worst_batch = tuple(plan.worst_batch)
         return plan
@@ -318,8 +319,8 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     while eval_size > 1 and eval_bytes(model, eval_size, longest, beam) > room:
         eval_size //= 2
     batches = _batches(tokens, _pairs_at_most(lengths, [int(n) for n in present if n <= longest]))
-    kept = int(max(cost.kept(*b) for b in batches))
-    return BudgetPlan(budget, base, tokens, longest, int(base + cost.worst(batches)), eval_size, meter.what,
+    kept = math.ceil(max(cost.kept(*b) for b in batches))  # bounds, rounded up: a fit's 1091895.99 is 1091896
+    return BudgetPlan(budget, base, tokens, longest, math.ceil(base + cost.worst(batches)), eval_size, meter.what,
                       asdict(cost.step), (sentences, length), shapes=shapes, kept_bytes=kept)
 
 
@@ -341,9 +342,10 @@ def _largest_batch(cost: CostModel, room: float, lengths: np.ndarray, present: n
     (sentences, length); BudgetError if not one short pair fits."""
     fitting = [int(length) for length in present if cost.worst([(1, length)]) <= room]
     if not fitting:
-        raise BudgetError(f"not even one {min_length}-token pair fits: a training step needs about "
-                          f"{format_bytes(int(cost.worst([(1, min_length)]) + base))} of the "
-                          f"{format_bytes(budget)} budget")
+        step = cost.worst([(1, min_length)]) + base
+        raise BudgetError(f"not even one {min_length}-token pair fits: a training step on it peaks at about "
+                          f"{format_bytes(int(step))}, plus a {SAFETY_MARGIN:.0%} margin: a budget of at least "
+                          f"{format_bytes(int(step / (1 - SAFETY_MARGIN)) + 1)} is needed, got {format_bytes(budget)}")
     longest = fitting[-1]
     at_most = _pairs_at_most(lengths, fitting)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from revnmt.atomic import atomic_write_bytes, atomic_write_text
-from revnmt.checkpoints import LAST_CHECKPOINT, RESUMING, Checkpoint
+from revnmt.checkpoints import LAST_CHECKPOINT, RESUMING, Checkpoint, CheckpointError
 from revnmt.data import DataOptions, TrainingData, load_data, prepared_options, text_options
 from revnmt.data.fingerprint import fingerprint_changes
 from revnmt.data.loading import input_files
@@ -98,7 +98,7 @@ def run(config: RunConfig, job: Job) -> str:
     if cfg.memory_budget is not None:
         try:
             plan = job.from_main(lambda: _memory_plan(cfg, data, model, checkpoint))
-        except BudgetError as error:
+        except (BudgetError, CheckpointError) as error:
             raise RunError(str(error)) from error
         _drop_too_long(data, plan)
     trainer = _make_trainer(config, data, model, plan, job)
@@ -205,7 +205,10 @@ def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkp
     """
     graphs = model.execution.cuda_graphs == "on"  # each kept shape's graphs hold memory between steps
     if checkpoint is not None and checkpoint.memory_plan:
-        plan = BudgetPlan.from_dict(checkpoint.memory_plan)
+        try:
+            plan = BudgetPlan.from_dict(checkpoint.memory_plan)
+        except BudgetError as error:
+            raise CheckpointError(Path(cfg.save_dir) / LAST_CHECKPOINT, str(error)) from None
         if graphs != bool(plan.kept_bytes):
             logger.warning("the memory plan was made %s CUDA graphs and is kept, so that the batches stay the same: "
                            "the budget's check after every step shrinks them if the graphs' memory does not fit",

@@ -127,9 +127,15 @@ def test_resuming_with_other_options_is_refused(train, tmp_path, capsys):
     assert "--batch-size 32 -> 16" in err and "--hidden-size 16 -> 32" in err and "--label-smoothing 0.1 -> 0.0" in err
 
 
-def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, tmp_path):
-    # The budget bounds this (pytest) process's peak RSS: give it room above what it holds already.
-    budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
+@pytest.fixture
+def budget(train, tmp_path) -> int:
+    """A --memory-budget, in MiB, for this (pytest) process's peak RSS: room above what it holds once a training step
+    has loaded the runtime (numba's compiled loops, the math libraries), which in a fresh process adds some 180 MiB."""
+    assert train(tmp_path / "warm-up", "--max-steps", "1") == 0
+    return (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
+
+
+def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, tmp_path, budget):
     save_dir = tmp_path / "budget"
     assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 0
     plan = Checkpoint.load(save_dir / "last.pt").memory_plan
@@ -142,8 +148,22 @@ def test_memory_budget_chooses_the_batch_and_resumes_with_the_same_plan(train, t
     assert Checkpoint.load(save_dir / "last.pt").memory_plan["batch_tokens"] == plan["batch_tokens"]
 
 
-def test_a_checkpointed_ordinary_model_trains_under_a_memory_budget_and_translates(train, tmp_path):
-    budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
+def test_a_tampered_memory_plan_stops_the_resume_in_one_line_and_keeps_the_checkpoint(train, tmp_path, budget, capsys):
+    save_dir = tmp_path / "budget"
+    assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "1") == 0
+    stored = read_checkpoint_file(save_dir / "last.pt")
+    stored["memory_plan"]["batch_tokens"] = -5  # a plan revnmt never writes: no batch would hold a pair
+    save_checkpoint(save_dir / "last.pt", stored)
+    tampered = (save_dir / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert train(save_dir, "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(f"cannot load checkpoint {save_dir / 'last.pt'}: its memory plan "
+                                                   "is not one revnmt wrote: batch_tokens is -5"), errors
+    assert (save_dir / "last.pt").read_bytes() == tampered  # the refused resume wrote nothing over it
+
+
+def test_a_checkpointed_ordinary_model_trains_under_a_memory_budget_and_translates(train, tmp_path, budget):
     save_dir = tmp_path / "checkpointed"
     assert train(save_dir, "--rnn", "gru", "--attention", "emb+slice", "--checkpoint-steps", "auto",
                  "--memory-budget", f"{budget}MiB", "--max-steps", "2") == 0
@@ -208,8 +228,7 @@ def test_a_run_that_accumulates_resumes_exactly(train, tmp_path):
     assert (cut.training.trainer.epoch, cut.training.trainer.batch_in_epoch) == (2, 4)
 
 
-def test_a_memory_budget_reaches_an_effective_batch_by_accumulating(train, tmp_path):
-    budget = (PeakMeter("cpu").current() + 256 * 2 ** 20) // 2 ** 20
+def test_a_memory_budget_reaches_an_effective_batch_by_accumulating(train, tmp_path, budget):
     save_dir = tmp_path / "budget"
     target = 1_000_000  # more than any batch of the toy corpus: accumulated
     assert train(save_dir, "--memory-budget", f"{budget}MiB", "--batch-tokens", str(target), "--max-steps", "1") == 0
