@@ -286,7 +286,7 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     if base >= usable:
         raise BudgetError(f"before its first step the process holds {format_bytes(base)} ({meter.what}: the runtime, "
                           f"data, model and {optimizer} state, plus a {SAFETY_MARGIN:.0%} margin): a budget of at "
-                          f"least {format_bytes(int(base / (1 - SAFETY_MARGIN)) + 1)} is needed, got "
+                          f"least {format_bytes(_needed(base))} is needed, got "
                           f"{format_bytes(budget)}")
     lengths = np.maximum(np.asarray(lengths), 2)
     present = np.unique(lengths)
@@ -324,6 +324,11 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
                       asdict(cost.step), (sentences, length), shapes=shapes, kept_bytes=kept)
 
 
+def _needed(peak: float) -> int:
+    """The smallest budget whose share left by :data:`SAFETY_MARGIN` holds ``peak`` bytes."""
+    return int(peak / (1 - SAFETY_MARGIN)) + 1
+
+
 def _pairs_at_most(lengths: np.ndarray, fitting: list[int]) -> dict[int, int]:
     """For each length L, the pairs of the data at most L long."""
     return {length: int((lengths <= length).sum()) for length in fitting}
@@ -345,7 +350,7 @@ def _largest_batch(cost: CostModel, room: float, lengths: np.ndarray, present: n
         step = cost.worst([(1, min_length)]) + base
         raise BudgetError(f"not even one {min_length}-token pair fits: a training step on it peaks at about "
                           f"{format_bytes(int(step))}, plus a {SAFETY_MARGIN:.0%} margin: a budget of at least "
-                          f"{format_bytes(int(step / (1 - SAFETY_MARGIN)) + 1)} is needed, got {format_bytes(budget)}")
+                          f"{format_bytes(_needed(step))} is needed, got {format_bytes(budget)}")
     longest = fitting[-1]
     at_most = _pairs_at_most(lengths, fitting)
 
