@@ -162,7 +162,9 @@ def test_a_plan_with_kept_shapes_counts_them_in_its_peak_and_between_steps():
     plan = plan_budget(model, budget, "adam", LENGTHS, CPU, probe=probe, shapes=5)
     sentences, length = plan.worst_batch
     assert plan.shapes == 5 and plan.kept_bytes >= int(kept(sentences, length))
-    assert plan.predicted_peak_bytes >= plan.base_bytes + step(sentences, length) + 4 * plan.kept_bytes - 1
+    # The probe's whole bytes fit the costs to within a byte, and kept_bytes is the fit rounded up: each of the 4
+    # other shapes' share of the peak may be a byte less than kept_bytes.
+    assert plan.predicted_peak_bytes >= plan.base_bytes + step(sentences, length) - 1 + 4 * (plan.kept_bytes - 1)
     assert plan.predicted_peak_bytes <= budget * 0.9
     assert plan.held_bytes() == plan.base_bytes + 5 * plan.kept_bytes
     assert "CUDA graphs of up to 5 batch shapes" in plan.describe()
