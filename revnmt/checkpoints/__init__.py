@@ -15,8 +15,17 @@ from revnmt.checkpoints.files import (
     save_checkpoint,
     set_rng_state,
 )
-from revnmt.checkpoints.record import FORMAT, RESUMING, AveragedFrom, Checkpoint, TrainerState, TrainingState
+from revnmt.checkpoints.record import (
+    FORMAT,
+    RESUMING,
+    AveragedFrom,
+    Checkpoint,
+    Numerics,
+    TrainerState,
+    TrainingState,
+)
 
 __all__ = ["BEST_CHECKPOINT", "FORMAT", "LAST_CHECKPOINT", "RESUMING", "AveragedFrom", "Checkpoint", "CheckpointError",
-           "TrainerState", "TrainingState", "average_checkpoints", "numbered_checkpoint_name", "numbered_checkpoints",
-           "prune_numbered_checkpoints", "resolve_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+           "Numerics", "TrainerState", "TrainingState", "average_checkpoints", "numbered_checkpoint_name",
+           "numbered_checkpoints", "prune_numbered_checkpoints", "resolve_checkpoint", "rng_state", "save_checkpoint",
+           "set_rng_state"]

@@ -49,5 +49,5 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> Checkpoint:
         steps.append(checkpoint.step)
     weights = {key: (total / len(paths)).to(checkpoint.weights[key].dtype) if total.is_floating_point() else total
                for key, total in sums.items()}
-    return replace(checkpoint, weights=weights, training=None,
+    return replace(checkpoint, weights=weights, training=None, numerics=None,
                    averaged_from=AveragedFrom([os.fspath(path) for path in paths], steps))

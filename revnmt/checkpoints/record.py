@@ -4,17 +4,18 @@ A checkpoint file (:mod:`.files`) holds one dict of tensors, numbers, strings an
 its format fixes, a version stored under ``"format"``:
 
 - format 1: every checkpoint written before the version existed, which have no ``"format"``;
-- format 2 (:data:`FORMAT`): format 1's layout, with its version.
+- format 2: format 1's layout, with its version;
+- format 3 (:data:`FORMAT`): format 2's, a trained checkpoint adding ``numerics`` (:class:`Numerics`).
 
 To translate: ``model_config`` (the fields of :class:`~revnmt.model.ModelConfig`), ``model`` (the weights),
 ``src_vocab`` and ``tgt_vocab`` (each vocabulary's tokens, the special ones first) and ``data`` (the fields of
 :class:`~revnmt.data.DataOptions`). A trained checkpoint adds ``args`` (the run's options), its training state
-(``optimizer``, ``scheduler``, ``trainer``, ``rng``) and, if known, ``data_fingerprint`` and ``memory_plan``; an
-averaged one keeps ``args`` and adds ``averaged_from``.
+(``optimizer``, ``scheduler``, ``trainer``, ``rng``), what it computed with (``numerics``) and, if known,
+``data_fingerprint`` and ``memory_plan``; an averaged one keeps ``args`` and adds ``averaged_from``.
 
 A format 1 dict is upgraded as it is read: what its writers added over time (``data_fingerprint``,
-``memory_plan``, model and data options, trainer counters) takes its default where it is missing. A format newer
-than :data:`FORMAT` is refused: this revnmt would misread it.
+``memory_plan``, model and data options, trainer counters) takes its default where it is missing; formats 1
+and 2 have no ``numerics``. A format newer than :data:`FORMAT` is refused: this revnmt would misread it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from revnmt.model import ExecutionConfig, ModelConfig, Seq2Seq, build_model
 # The format this revnmt writes, and the newest it reads. Bump it whenever what a checkpoint holds changes (a key,
 # or a field of the model options, data options or trainer state, added, removed or renamed), and upgrade the
 # older formats where they are read.
-FORMAT = 2
+FORMAT = 3
 _FORMAT_KEY = "format"
 
 # The keys every checkpoint holds (what translating needs), and those of its optional parts.
@@ -45,7 +46,7 @@ RESUMING = ("args", "training")
 # The kind of every key, checked wherever it is present; those of _MAY_BE_NONE may also be None.
 _KINDS = {"model_config": dict, "model": dict, "src_vocab": list, "tgt_vocab": list, "data": dict, "args": dict,
           "optimizer": dict, "scheduler": dict, "trainer": dict, "rng": dict, "data_fingerprint": dict,
-          "memory_plan": dict, "averaged_from": dict}
+          "memory_plan": dict, "averaged_from": dict, "numerics": dict}
 _MAY_BE_NONE = ("data_fingerprint", "memory_plan")
 
 _T = TypeVar("_T")
@@ -87,6 +88,41 @@ class TrainingState:
 
 
 @dataclass(frozen=True)
+class Numerics:
+    """What decides the lowest bits of a run's arithmetic besides its options: the torch build, the device (a GPU
+    by its name), and torch's CPU threads, which split the sums of matrix products and reductions among them.
+    Resumed with the same, a run repeats an uninterrupted one bit for bit; with others it goes on as correctly,
+    its floating-point results differing in their lowest bits from the resumed step on."""
+
+    torch: str
+    device: str
+    threads: int
+
+    def __post_init__(self) -> None:
+        if not (type(self.torch) is str and type(self.device) is str):
+            raise TypeError("torch and device must be strings")
+        if type(self.threads) is not int or self.threads < 1:
+            raise ValueError(f"threads must be a positive whole number, not {self.threads!r}")
+
+    @classmethod
+    def of(cls, device: torch.device | str) -> Numerics:
+        """This process's, computing on ``device``."""
+        device = torch.device(device)
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        # str(): torch.__version__ is a TorchVersion, which a weights-only load refuses to unpickle
+        return cls(torch=str(torch.__version__), device=name, threads=torch.get_num_threads())
+
+    def describe(self) -> str:
+        """E.g. ``torch 2.13.0+cpu on cpu, 2 threads``."""
+        return f"torch {self.torch} on {self.device}, {self.threads} thread{'s' if self.threads > 1 else ''}"
+
+    def changes_to(self, other: Numerics) -> list[str]:
+        """What differs in ``other``, e.g. ``threads 1 -> 2``."""
+        return [f"{f.name} {getattr(self, f.name)} -> {getattr(other, f.name)}" for f in fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True)
 class AveragedFrom:
     """The checkpoints an averaged one was made of, and their steps (None for one without a training state)."""
 
@@ -109,6 +145,7 @@ class Checkpoint:
     data_fingerprint: dict[str, dict] | None = None  # the training corpora's, compared on resume
     memory_plan: dict[str, Any] | None = None  # the --memory-budget plan (BudgetPlan.to_dict()) and its measured peak
     averaged_from: AveragedFrom | None = None
+    numerics: Numerics | None = None  # a trained checkpoint's, compared on resume; None before format 3
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], map_location: str | torch.device = "cpu", needs: Collection[str] = (),
@@ -133,10 +170,11 @@ class Checkpoint:
         averaged_from = None
         if "averaged_from" in state:
             averaged_from = _parsed(lambda stored: AveragedFrom(**stored), state, "averaged_from", path)
+        numerics = _parsed(lambda stored: Numerics(**stored), state, "numerics", path) if "numerics" in state else None
         checkpoint = cls(model_config=config, weights=state["model"], src_vocab=state["src_vocab"],
                          tgt_vocab=state["tgt_vocab"], data=DataOptions.from_dict(state["data"], str(path)),
                          args=state.get("args"), training=training, data_fingerprint=state.get("data_fingerprint"),
-                         memory_plan=state.get("memory_plan"), averaged_from=averaged_from)
+                         memory_plan=state.get("memory_plan"), averaged_from=averaged_from, numerics=numerics)
         if check_weights:
             checkpoint.check_weights(path)
         return checkpoint
@@ -150,7 +188,8 @@ class Checkpoint:
             state |= {"optimizer": training.optimizer, "scheduler": training.scheduler,
                       "trainer": asdict(training.trainer), "rng": training.rng}
         optional = {"args": self.args, "data_fingerprint": self.data_fingerprint, "memory_plan": self.memory_plan,
-                    "averaged_from": None if self.averaged_from is None else asdict(self.averaged_from)}
+                    "averaged_from": None if self.averaged_from is None else asdict(self.averaged_from),
+                    "numerics": None if self.numerics is None else asdict(self.numerics)}
         return state | {key: value for key, value in optional.items() if value is not None}
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -206,7 +245,8 @@ def model_config_from_dict(stored: dict[str, Any]) -> ModelConfig:
 def _check_stored(state: object, path: str | os.PathLike[str], needs: Collection[str]) -> None:
     """CheckpointError naming ``path`` unless ``state`` is what a checkpoint file of a known format holds, with the
     optional parts ``needs``: the keys and their kinds, tensors for weights, vocabularies of strings that begin with
-    the special tokens, and the data options. Format 1 has format 2's layout: one check serves both."""
+    the special tokens, and the data options. Formats 1 and 2 have format 3's layout less ``numerics``: one check
+    serves all three."""
     if not isinstance(state, dict):
         raise CheckpointError(path, f"not a revnmt checkpoint (it holds a {type(state).__name__}, not a dict)")
     version = state.get(_FORMAT_KEY, 1)

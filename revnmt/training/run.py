@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from revnmt.atomic import atomic_write_bytes, atomic_write_text
-from revnmt.checkpoints import LAST_CHECKPOINT, RESUMING, Checkpoint, CheckpointError
+from revnmt.checkpoints import LAST_CHECKPOINT, RESUMING, Checkpoint, CheckpointError, Numerics
 from revnmt.data import DataOptions, TrainingData, load_data, prepared_options, text_options
 from revnmt.data.fingerprint import fingerprint_changes
 from revnmt.data.loading import input_files
@@ -112,6 +112,7 @@ def run(config: RunConfig, job: Job) -> str:
                            ) from error
         logger.info("resumed %s at epoch %d, step %d", save_dir / LAST_CHECKPOINT, trainer.state.epoch,
                     trainer.state.step)
+        _say_other_numerics(checkpoint, trainer.device, save_dir)
     checkpoint = None  # restored into the model and the trainer: its own copy of the weights and Adam's state
     # would otherwise stay resident for the whole run
     if job.is_main:
@@ -194,6 +195,18 @@ def _resumable_checkpoint(config: RunConfig, fingerprint: dict[str, dict]) -> tu
                        "given (docs/reliability.md#resuming-across-buffer-layouts)", save_dir,
                        config.execution.buffer_tile)
     return checkpoint, bool(changed_data)
+
+
+def _say_other_numerics(checkpoint: Checkpoint, device: torch.device, save_dir: Path) -> None:
+    """Warn if the run resumes with another torch, device or thread count than it was saved with (checkpoints
+    before format 3 do not say): it goes on correctly, but no longer repeats an uninterrupted run bit for bit."""
+    if checkpoint.numerics is None:
+        return
+    changes = checkpoint.numerics.changes_to(Numerics.of(device))
+    if changes:
+        logger.warning("%s resumes with other numerics than it was saved with (%s): it trains on correctly, but from "
+                       "here its floating-point results differ in their lowest bits from an uninterrupted run's "
+                       "(docs/reliability.md#resuming-with-other-numerics)", save_dir, "; ".join(changes))
 
 
 def _memory_plan(cfg: TrainingConfig, data: TrainingData, model: Seq2Seq, checkpoint: Checkpoint | None

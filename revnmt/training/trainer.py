@@ -32,6 +32,7 @@ from revnmt.checkpoints import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
     Checkpoint,
+    Numerics,
     TrainerState,
     TrainingState,
     numbered_checkpoint_name,
@@ -242,7 +243,7 @@ class Trainer:
         return Checkpoint(
             model_config=self.model.cfg, weights=self.model.state_dict(), src_vocab=self.data.src_vocab.itos,
             tgt_vocab=self.data.tgt_vocab.itos, data=self.data.options, args=self.config.options(), training=training,
-            data_fingerprint=self.data.fingerprint,
+            data_fingerprint=self.data.fingerprint, numerics=Numerics.of(self.device),
             memory_plan=None if self.plan is None else self.plan.to_dict() | {"measured_peak": self._memory_line()})
 
     def restore(self, checkpoint: Checkpoint, restart_epoch: bool = False) -> None:
@@ -321,9 +322,10 @@ class Trainer:
         """
         if self.state.step == 0:
             self._write_tsv_header()
-        logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters; %s", self.state.epoch,
+        logger.info("training from epoch %d, step %d: %d batches per epoch, %d parameters; %s; %s", self.state.epoch,
                     self.state.step, len(self.sampler.batches(self.state.epoch)),
-                    sum(p.numel() for p in self.model.parameters()), self.batching.describe())
+                    sum(p.numel() for p in self.model.parameters()), self.batching.describe(),
+                    Numerics.of(self.device).describe())
         # self.state, not a local name for it: a torchrun rank takes rank 0's state object after a validation
         while self.state.validation_due is not None or (reason := self.stop_reason()) is None:
             if self.state.validation_due is None:

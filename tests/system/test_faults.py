@@ -215,6 +215,21 @@ def test_a_run_saved_before_buffer_tiles_resumes_with_them(corpus, tmp_path):
     assert again.returncode == 0 and "earlier layout" not in again.stderr
 
 
+def test_a_run_resumed_with_other_threads_says_so(corpus, tmp_path):
+    run = tmp_path / "run"
+    threads = {n: f'OMP_NUM_THREADS={n} exec "$0" "$@"' for n in (1, 2)}
+    started = _train(corpus, run, "--max-steps", "2", shell=threads[1])
+    assert started.returncode == 0 and "on cpu, 1 thread" in started.stderr
+    assert Checkpoint.load(run / "last.pt").numerics.threads == 1
+    resumed = _train(corpus, run, "--max-steps", "4", shell=threads[2])
+    assert resumed.returncode == 0, resumed.stderr
+    warnings = [line for line in resumed.stderr.splitlines() if "other numerics" in line]
+    assert len(warnings) == 1 and "(threads 1 -> 2)" in warnings[0]
+    assert Checkpoint.load(run / "last.pt").numerics.threads == 2  # what it computes with now
+    again = _train(corpus, run, "--max-steps", "6", shell=threads[2])
+    assert again.returncode == 0 and "other numerics" not in again.stderr
+
+
 def test_a_truncated_gzip_corpus_is_one_line(corpus, tmp_path):
     data = gzip.compress(Path(f"{corpus['train']}.en").read_bytes())
     (tmp_path / "train.en.gz").write_bytes(data[: len(data) // 2])

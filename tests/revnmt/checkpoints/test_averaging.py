@@ -3,7 +3,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from revnmt.checkpoints import AveragedFrom, Checkpoint, TrainerState, TrainingState, average_checkpoints
+from revnmt.checkpoints import AveragedFrom, Checkpoint, Numerics, TrainerState, TrainingState, average_checkpoints
 from revnmt.data import DataOptions
 from revnmt.data.subword import train_subword_model
 from revnmt.model import ModelConfig, build_model
@@ -21,7 +21,8 @@ def _checkpoint(seed: int, step: int, vocab: list[str] = WORDS, data: DataOption
     model = build_model(cfg)
     specials = ["<pad>", "<unk>", "<s>", "</s>"]
     return Checkpoint(cfg, model.state_dict(), [*specials, *vocab], [*specials, *vocab], data, args={"seed": seed},
-                      training=TrainingState({"state": {}}, {}, TrainerState(step=step), {}))
+                      training=TrainingState({"state": {}}, {}, TrainerState(step=step), {}),
+                      numerics=Numerics.of("cpu"))
 
 
 def _save(tmp_path, name: str, checkpoint: Checkpoint):
@@ -46,7 +47,7 @@ def test_the_average_of_two_checkpoints_is_their_mean_with_the_last_ones_options
     assert not torch.equal(averaged.weights["generator.weight"], last.weights["generator.weight"])
     assert averaged.model_config == last.model_config and averaged.args == {"seed": 1}
     assert averaged.averaged_from == AveragedFrom([str(tmp_path / "a.pt"), str(tmp_path / "b.pt")], [100, 200])
-    assert averaged.training is None  # for translating, not resuming
+    assert averaged.training is None and averaged.numerics is None  # for translating, not resuming
     averaged.trained_model()  # loads
 
 

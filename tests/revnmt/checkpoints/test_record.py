@@ -13,6 +13,7 @@ from revnmt.checkpoints import (
     AveragedFrom,
     Checkpoint,
     CheckpointError,
+    Numerics,
     TrainerState,
     TrainingState,
     rng_state,
@@ -40,7 +41,7 @@ def _trained(**changes) -> Checkpoint:
     checkpoint = Checkpoint(CONFIG, model.state_dict(), VOCAB.itos, VOCAB.itos,
                             DataOptions("en", "de", lowercase=True, max_len=50), args={"seed": 1, "lr": 1e-3},
                             training=training, data_fingerprint={"train.en": {"bytes": 10}},
-                            memory_plan={"batch_tokens": 100})
+                            memory_plan={"batch_tokens": 100}, numerics=Numerics("2.13.0+cpu", "cpu", 2))
     return replace(checkpoint, **changes)
 
 
@@ -58,19 +59,38 @@ def _same(a, b) -> bool:
 def test_a_checkpoint_round_trips_in_the_current_format(tmp_path: Path) -> None:
     path, checkpoint = tmp_path / "last.pt", _trained()
     checkpoint.save(path)
-    assert read_checkpoint_file(path)["format"] == FORMAT == 2
+    assert read_checkpoint_file(path)["format"] == FORMAT == 3
     loaded = Checkpoint.load(path, needs=RESUMING)
     assert _same(loaded.to_dict(), checkpoint.to_dict())
     assert loaded.model_config == CONFIG and loaded.data == checkpoint.data and loaded.args == checkpoint.args
     assert loaded.training.trainer == checkpoint.training.trainer and loaded.step == 10
     assert loaded.data_fingerprint == checkpoint.data_fingerprint and loaded.memory_plan == {"batch_tokens": 100}
-    assert loaded.averaged_from is None
+    assert loaded.averaged_from is None and loaded.numerics == Numerics("2.13.0+cpu", "cpu", 2)
+
+
+def test_numerics_name_what_changed() -> None:
+    saved, here = Numerics("2.13.0+cpu", "cpu", 1), Numerics.of("cpu")
+    assert here.torch == torch.__version__ and here.threads == torch.get_num_threads()
+    assert saved.changes_to(saved) == []
+    assert saved.changes_to(Numerics("2.13.0+cpu", "NVIDIA H200", 2)) == ["device cpu -> NVIDIA H200",
+                                                                          "threads 1 -> 2"]
+    assert saved.describe() == "torch 2.13.0+cpu on cpu, 1 thread"
+
+
+def test_a_format_2_checkpoint_loads_without_numerics(tmp_path: Path) -> None:
+    path = tmp_path / "last.pt"
+    stored = _trained().to_dict()
+    del stored["numerics"]
+    save_checkpoint(path, stored | {"format": 2})
+    loaded = Checkpoint.load(path, needs=RESUMING)
+    assert loaded.numerics is None and _same(loaded.weights, _trained().weights)
 
 
 def test_an_average_round_trips_without_a_training_state(tmp_path: Path) -> None:
     path = tmp_path / "average.pt"
     averaged_from = AveragedFrom(["a.pt", "b.pt"], [5, None])
-    _trained(training=None, data_fingerprint=None, memory_plan=None, averaged_from=averaged_from).save(path)
+    _trained(training=None, data_fingerprint=None, memory_plan=None, numerics=None,
+             averaged_from=averaged_from).save(path)
     assert set(read_checkpoint_file(path)) == {"format", "model_config", "model", "src_vocab", "tgt_vocab", "data",
                                                 "args", "averaged_from"}
     loaded = Checkpoint.load(path)
@@ -89,7 +109,7 @@ def _format_1(checkpoint: Checkpoint) -> dict:
 
 
 def test_a_format_1_checkpoint_loads_with_defaults_for_what_its_writer_did_not_know(tmp_path: Path) -> None:
-    path, checkpoint = tmp_path / "last.pt", _trained(data_fingerprint=None, memory_plan=None)
+    path, checkpoint = tmp_path / "last.pt", _trained(data_fingerprint=None, memory_plan=None, numerics=None)
     stored = _format_1(checkpoint)
     # Older still: from before these model options, subwords and these trainer counters.
     for key in ("label_smoothing", "share_embeddings"):
@@ -129,7 +149,14 @@ def test_a_format_that_is_no_version_is_refused(tmp_path: Path, version) -> None
      r"unexpected keyword argument 'colour'\)$"),
     (lambda stored: stored.update(averaged_from={"steps": [1]}), r"its averaged_from is not valid \("),
     (lambda stored: stored.update(memory_plan=[1]), r"its memory_plan is a list, not a dict$"),
-], ids=["part-of-a-training-state", "unknown-counter", "averaged-from", "memory-plan"])
+    (lambda stored: stored["numerics"].update(threads="2"), r"its numerics is not valid \(threads must be a positive "
+     r"whole number, not '2'\)$"),
+    (lambda stored: stored["numerics"].update(threads=0), r"its numerics is not valid \(threads must be"),
+    (lambda stored: stored["numerics"].update(device=None), r"its numerics is not valid \(torch and device must be"),
+    (lambda stored: stored["numerics"].pop("torch"), r"its numerics is not valid \("),
+    (lambda stored: stored.update(numerics=[2]), r"its numerics is a list, not a dict$"),
+], ids=["part-of-a-training-state", "unknown-counter", "averaged-from", "memory-plan", "numerics-threads-text",
+        "numerics-no-threads", "numerics-device", "numerics-missing", "numerics-list"])
 def test_parts_that_are_not_what_they_should_be_are_refused(tmp_path: Path, change, message: str) -> None:
     path, stored = tmp_path / "odd.pt", _trained().to_dict()
     change(stored)

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from revnmt.checkpoints import RESUMING, Checkpoint, numbered_checkpoints, save_checkpoint
+from revnmt.checkpoints import RESUMING, Checkpoint, Numerics, numbered_checkpoints, save_checkpoint
 from revnmt.checkpoints.files import read_checkpoint_file
 from revnmt.data import DataConfig, DataOptions, Vocabulary, load_data, make_batch
 from revnmt.memory.peak import PeakMeter
@@ -17,7 +17,7 @@ from revnmt.translation.translator import Translator
 
 # What a trained checkpoint's file holds (and "memory_plan", with a --memory-budget).
 CHECKPOINT_KEYS = {"format", "model_config", "model", "src_vocab", "tgt_vocab", "data", "optimizer", "scheduler",
-                   "trainer", "rng", "args", "data_fingerprint"}
+                   "trainer", "rng", "args", "data_fingerprint", "numerics"}
 # What Trainer.checkpoint() wrote before checkpoints had a format version (format 1), in its order.
 FORMAT_1_KEYS = ("model_config", "model", "src_vocab", "tgt_vocab", "data", "data_fingerprint", "optimizer",
                  "scheduler", "trainer", "rng", "args", "memory_plan")
@@ -86,6 +86,7 @@ def test_save_dir_holds_config_vocabularies_checkpoints_and_logs(train, toy, tmp
     assert f"tokenized lowercased BLEU (paper): {scores['tokenized_bleu']:.2f}" in log
     trainer = checkpoint.training.trainer
     assert trainer.train_tokens > 0 and 0 < trainer.train_s < trainer.elapsed_s
+    assert checkpoint.numerics == Numerics.of("cpu") and f"; {checkpoint.numerics.describe()}" in log
 
 
 def test_finished_run_is_not_trained_again(train, tmp_path):
