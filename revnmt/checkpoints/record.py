@@ -21,6 +21,7 @@ and 2 have no ``numerics``. A format newer than :data:`FORMAT` is refused: this 
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable, Collection
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, TypeVar
@@ -90,17 +91,20 @@ class TrainingState:
 @dataclass(frozen=True)
 class Numerics:
     """What decides the lowest bits of a run's arithmetic besides its options: the torch build, the device (a GPU
-    by its name), and torch's CPU threads, which split the sums of matrix products and reductions among them.
-    Resumed with the same, a run repeats an uninterrupted one bit for bit; with others it goes on as correctly,
-    its floating-point results differing in their lowest bits from the resumed step on."""
+    by its name), torch's CPU threads, which split the sums of matrix products and reductions among them, and, on
+    the CPU, the processor: torch and its BLAS pick their kernels by its instruction set (AVX2, AVX-512) and maker,
+    and kernels of other vector widths sum in another order. Resumed with the same, a run repeats an uninterrupted
+    one bit for bit; with others it goes on as correctly, its floating-point results differing in their lowest bits
+    from the resumed step on."""
 
     torch: str
     device: str
     threads: int
+    cpu: str = ""  # the processor and the instruction set torch dispatches to; "" on a GPU and before it was kept
 
     def __post_init__(self) -> None:
-        if not (type(self.torch) is str and type(self.device) is str):
-            raise TypeError("torch and device must be strings")
+        if not (type(self.torch) is str and type(self.device) is str and type(self.cpu) is str):
+            raise TypeError("torch, device and cpu must be strings")
         if type(self.threads) is not int or self.threads < 1:
             raise ValueError(f"threads must be a positive whole number, not {self.threads!r}")
 
@@ -108,18 +112,34 @@ class Numerics:
     def of(cls, device: torch.device | str) -> Numerics:
         """This process's, computing on ``device``."""
         device = torch.device(device)
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        on_gpu = device.type == "cuda"
+        name = torch.cuda.get_device_name(device) if on_gpu else device.type
+        cpu = "" if on_gpu else f"{_processor()} ({torch.backends.cpu.get_cpu_capability()})"
         # str(): torch.__version__ is a TorchVersion, which a weights-only load refuses to unpickle
-        return cls(torch=str(torch.__version__), device=name, threads=torch.get_num_threads())
+        return cls(torch=str(torch.__version__), device=name, threads=torch.get_num_threads(), cpu=cpu)
 
     def describe(self) -> str:
-        """E.g. ``torch 2.13.0+cpu on cpu, 2 threads``."""
-        return f"torch {self.torch} on {self.device}, {self.threads} thread{'s' if self.threads > 1 else ''}"
+        """E.g. ``torch 2.13.0+cpu on cpu, 2 threads, Intel(R) Xeon(R) Processor @ 2.80GHz (AVX512)``."""
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return ", ".join([f"torch {self.torch} on {self.device}", threads] + ([self.cpu] if self.cpu else []))
 
     def changes_to(self, other: Numerics) -> list[str]:
         """What differs in ``other``, e.g. ``threads 1 -> 2``."""
-        return [f"{f.name} {getattr(self, f.name)} -> {getattr(other, f.name)}" for f in fields(self)
-                if getattr(self, f.name) != getattr(other, f.name)]
+        return [f"{f.name} {getattr(self, f.name) or '(not recorded)'} -> {getattr(other, f.name) or '(none)'}"
+                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+def _processor() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo; elsewhere what the platform module knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown processor"
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,20 @@ def test_numerics_name_what_changed() -> None:
     assert saved.describe() == "torch 2.13.0+cpu on cpu, 1 thread"
 
 
+def test_numerics_name_the_processor_whose_kernels_the_cpu_runs() -> None:
+    """An AVX-512 processor sums in another order than an AVX2 one: a resume on it must say so."""
+    here = Numerics.of("cpu")
+    assert here.cpu.endswith(f" ({torch.backends.cpu.get_cpu_capability()})") and len(here.cpu) > 3
+    assert here.describe().endswith(f", {here.cpu}")
+    epyc = Numerics("2.13.0+cpu", "cpu", 1, "AMD EPYC 7B13 (AVX2)")
+    assert epyc.changes_to(replace(epyc, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz (AVX512)")) == [
+        "cpu AMD EPYC 7B13 (AVX2) -> Intel(R) Xeon(R) Processor @ 2.80GHz (AVX512)"]
+    # a checkpoint that did not record its processor cannot promise the same bits on this one
+    assert Numerics("2.13.0+cpu", "cpu", 1).changes_to(epyc) == ["cpu (not recorded) -> AMD EPYC 7B13 (AVX2)"]
+    with pytest.raises(TypeError):
+        Numerics("2.13.0+cpu", "cpu", 1, 7)
+
+
 def test_a_format_2_checkpoint_loads_without_numerics(tmp_path: Path) -> None:
     path = tmp_path / "last.pt"
     stored = _trained().to_dict()
@@ -152,11 +166,12 @@ def test_a_format_that_is_no_version_is_refused(tmp_path: Path, version) -> None
     (lambda stored: stored["numerics"].update(threads="2"), r"its numerics is not valid \(threads must be a positive "
      r"whole number, not '2'\)$"),
     (lambda stored: stored["numerics"].update(threads=0), r"its numerics is not valid \(threads must be"),
-    (lambda stored: stored["numerics"].update(device=None), r"its numerics is not valid \(torch and device must be"),
+    (lambda stored: stored["numerics"].update(device=None), r"its numerics is not valid \(torch, device and cpu must"),
+    (lambda stored: stored["numerics"].update(cpu=b"AVX2"), r"its numerics is not valid \(torch, device and cpu must"),
     (lambda stored: stored["numerics"].pop("torch"), r"its numerics is not valid \("),
     (lambda stored: stored.update(numerics=[2]), r"its numerics is a list, not a dict$"),
 ], ids=["part-of-a-training-state", "unknown-counter", "averaged-from", "memory-plan", "numerics-threads-text",
-        "numerics-no-threads", "numerics-device", "numerics-missing", "numerics-list"])
+        "numerics-no-threads", "numerics-device", "numerics-cpu", "numerics-missing", "numerics-list"])
 def test_parts_that_are_not_what_they_should_be_are_refused(tmp_path: Path, change, message: str) -> None:
     path, stored = tmp_path / "odd.pt", _trained().to_dict()
     change(stored)
