@@ -20,6 +20,7 @@ and 2 have no ``numerics``. A format newer than :data:`FORMAT` is refused: this 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from collections.abc import Callable, Collection
@@ -129,6 +130,7 @@ class Numerics:
                 for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
 
 
+@functools.cache  # the processor does not change under a running process; a run asks at every save
 def _processor() -> str:
     """The processor's model name (Linux's /proc/cpuinfo; elsewhere what the platform module knows)."""
     try:
