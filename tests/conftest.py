@@ -21,6 +21,14 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist each worker gets its share of the cores, it and the revnmt processes it starts (they inherit
+# OMP_NUM_THREADS): N workers each running torch on every core oversubscribe the CPU, and OpenMP's threads then wait
+# on each other's barriers for far longer than the work takes. A test that needs a thread count sets its own.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 _NO_CUDA = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 _NO_TRITON = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install -e .[dev])")
 

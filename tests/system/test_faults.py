@@ -145,7 +145,10 @@ def test_a_second_ctrl_c_aborts_without_saving(corpus, tmp_path):
 
 def test_one_run_owns_a_save_directory(corpus, tmp_path):
     run = tmp_path / "run"
-    first = _start(corpus, run, "--save-every", "2")
+    # Only the kill below may end the first run: on the toy corpus patience or the LR's decay would end it within
+    # a few epochs, while the translation below runs, and leave the resumed run nothing to train.
+    endless = ("--patience", "1000", "--min-lr", "0")
+    first = _start(corpus, run, "--save-every", "2", *endless)
     _wait_for_step(run, 3, first)
     second = _train(corpus, run)
     _one_line_error(second, f"{run} is in use by another revnmt-train run (PID {first.pid})")
@@ -159,7 +162,7 @@ def test_one_run_owns_a_save_directory(corpus, tmp_path):
     first.kill()
     first.wait()
     saved = Checkpoint.load(run / "last.pt").step
-    resumed = _train(corpus, run, "--max-steps", str(saved + 2))
+    resumed = _train(corpus, run, *endless, "--max-steps", str(saved + 2))
     assert resumed.returncode == 0 and "resumed" in resumed.stderr, resumed.stderr
     assert Checkpoint.load(run / "last.pt").step == saved + 2
 
