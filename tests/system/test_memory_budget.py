@@ -48,7 +48,9 @@ def test_training_stays_within_two_budgets(rnn, tmp_path):
     if rnn == "gru":
         options += ["--attention", "hidden"]
     plans = []
-    for budget in (900, 1300):
+    # Both budgets bind below the whole corpus a batch: a larger one plans all 3,000 pairs into one batch, whose steps
+    # are the slowest of the suite and test nothing more.
+    for budget in (800, 900):
         run = subprocess.run([sys.executable, "-c", _TRAIN_AND_REPORT, *options, "--memory-budget", f"{budget}MiB",
                               "--save-dir", str(tmp_path / f"run-{budget}")],
                              cwd=REPO, capture_output=True, text=True, timeout=900)
