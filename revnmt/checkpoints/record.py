@@ -120,7 +120,7 @@ class Numerics:
         return cls(torch=str(torch.__version__), device=name, threads=torch.get_num_threads(), cpu=cpu)
 
     def describe(self) -> str:
-        """E.g. ``torch 2.13.0+cpu on cpu, 2 threads, Intel(R) Xeon(R) Processor @ 2.80GHz (AVX512)``."""
+        """E.g. ``torch 2.13.0+cpu on cpu, 1 thread, AMD EPYC, x86 family 25 model 17 (AVX512)``."""
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         return ", ".join([f"torch {self.torch} on {self.device}", threads] + ([self.cpu] if self.cpu else []))
 
@@ -131,17 +131,26 @@ class Numerics:
 
 
 @functools.cache  # the processor does not change under a running process; a run asks at every save
-def _processor() -> str:
-    """The processor's model name (Linux's /proc/cpuinfo; elsewhere what the platform module knows)."""
+def _processor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The processor's model name and, on x86, its family and model numbers (Linux's ``cpuinfo``; elsewhere what
+    the platform module knows). A virtual machine may show a generation-less name ("AMD EPYC") for processors that
+    sum some products in other orders; the numbers tell them apart."""
+    found: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
             for line in info:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
+                key, value = key.strip(), value.strip()
+                if not key and found:  # the first processor's block has ended
+                    break
+                if key in ("model name", "cpu family", "model") and value:
+                    found.setdefault(key, value)
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown processor"
+    name = found.get("model name") or platform.processor() or platform.machine() or "unknown processor"
+    if "cpu family" in found and "model" in found:
+        return f"{name}, x86 family {found['cpu family']} model {found['model']}"
+    return name
 
 
 @dataclass(frozen=True)

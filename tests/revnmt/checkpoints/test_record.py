@@ -1,6 +1,7 @@
 """The checkpoint record: what it writes, what it reads back (format 1, as revnmt wrote checkpoints before they
 had a version, included), and the formats it refuses."""
 
+import platform
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from revnmt.checkpoints import (
     save_checkpoint,
 )
 from revnmt.checkpoints.files import read_checkpoint_file
+from revnmt.checkpoints.record import _processor
 from revnmt.data import DataOptions, Vocabulary
 from revnmt.model import ModelConfig, build_model
 
@@ -89,6 +91,19 @@ def test_numerics_name_the_processor_whose_kernels_the_cpu_runs() -> None:
     assert Numerics("2.13.0+cpu", "cpu", 1).changes_to(epyc) == ["cpu (not recorded) -> AMD EPYC 7B13 (AVX2)"]
     with pytest.raises(TypeError):
         Numerics("2.13.0+cpu", "cpu", 1, 7)
+
+
+def test_the_processor_is_named_with_its_family_and_model_where_the_name_hides_its_generation(tmp_path: Path) -> None:
+    # A virtual machine showed "AMD EPYC" for a processor that repeated one committed Multi30K log and not another:
+    # x86's family and model numbers tell generations apart that such a name does not. The first processor's block.
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {0}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {1}\nmodel name\t: AMD EPYC\n"
+    info.write_text(block.format(0, 17) + "\n" + block.format(1, 1))
+    assert _processor(str(info)) == "AMD EPYC, x86 family 25 model 17"
+    arm = tmp_path / "cpuinfo-arm"  # an Arm machine: no model name (another path: a process asks once a path)
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n")
+    assert _processor(str(arm)) == (platform.processor() or platform.machine() or "unknown processor")
+    assert _processor(str(tmp_path / "missing")) == _processor(str(arm))
 
 
 def test_a_format_2_checkpoint_loads_without_numerics(tmp_path: Path) -> None:
