@@ -135,7 +135,8 @@ def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = No
     Pairs with an empty side are dropped with a warning and ``limit`` keeps the first that many of the others,
     as :func:`revnmt.data.load_parallel` and ``--train-limit`` do. Invalid UTF-8 becomes U+FFFD, logged with
     its lines. ValueError naming the files if their lengths differ, one is empty, no pair has text on both
-    sides, or a gzip file is damaged.
+    sides, or a gzip file is damaged. Past ``limit`` the rest of both files is still read, counted and not decoded:
+    files of different lengths do not pair line by line, however far in they part, and a damaged gzip end shows.
     """
     src_path, tgt_path = language_file(prefix, src_lang), language_file(prefix, tgt_lang)
     bad: dict[Path, list[int]] = {src_path: [], tgt_path: []}
@@ -144,11 +145,10 @@ def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = No
     src_file, tgt_file = _raw_lines(src_path), _raw_lines(tgt_path)
     for src_raw, tgt_raw in itertools.zip_longest(src_file, tgt_file):
         if src_raw is None or tgt_raw is None:
-            short, long_, rest = (src_path, tgt_path, tgt_file) if src_raw is None else (tgt_path, src_path, src_file)
             if read == 0:
-                raise ValueError(f"corpus file is empty: {short}")
-            raise ValueError(f"parallel files differ in length: {short} has {read} lines, {long_} has "
-                             f"{read + 1 + sum(1 for _ in rest)} lines")
+                raise ValueError(f"corpus file is empty: {src_path if src_raw is None else tgt_path}")
+            _same_length(src_path, read + (src_raw is not None) + sum(1 for _ in src_file),
+                         tgt_path, read + (tgt_raw is not None) + sum(1 for _ in tgt_file))
         read += 1
         src, src_ok = decode_line(src_raw.removesuffix(b"\n"))
         tgt, tgt_ok = decode_line(tgt_raw.removesuffix(b"\n"))
@@ -164,6 +164,8 @@ def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = No
             yield pairs
             pairs = []
         if kept == limit:
+            logger.info("%s / %s: the first %d pairs kept; counting the lines past them", src_path, tgt_path, kept)
+            _same_length(src_path, read + sum(1 for _ in src_file), tgt_path, read + sum(1 for _ in tgt_file))
             break
     for path, lines in bad.items():
         report_invalid(str(path), lines)
@@ -175,6 +177,13 @@ def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = No
         logger.warning("%s / %s: dropped %d of %d pairs with an empty side", src_path, tgt_path, read - kept, read)
     if pairs:
         yield pairs
+
+
+def _same_length(src_path: Path, src_lines: int, tgt_path: Path, tgt_lines: int) -> None:
+    """ValueError naming both files if their line counts differ."""
+    if src_lines != tgt_lines:
+        raise ValueError(f"parallel files differ in length: {src_path} has {src_lines} lines, {tgt_path} has "
+                         f"{tgt_lines} lines")
 
 
 def _raw_lines(path: Path) -> Iterator[bytes]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from revnmt.data import ParallelCorpus, decode_lines, decode_stream, load_parallel, read_lines
+from revnmt.data.corpus import read_pairs
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -112,6 +113,33 @@ def test_load_parallel_mismatched_counts_names_both_files(tmp_path):
     message = str(err.value)
     assert "c.en" in message and "c.de" in message
     assert "3 lines" in message and "2 lines" in message
+
+
+@pytest.mark.parametrize("src, tgt, lines", [
+    (b"1\n2\n3\n4\n5\n", b"1\n2\n3\n4\n", "5 lines, .* 4 lines"),  # the source runs on past the limit
+    (b"1\n2\n3\n", b"1\n2\n3\n4\n", "3 lines, .* 4 lines"),  # the target does
+], ids=["source-longer", "target-longer"])
+def test_a_limit_still_counts_both_files_to_their_end(tmp_path, src, tgt, lines):
+    # --train-limit keeps the first pairs; files that part further on are not pairs line by line all the same
+    write(tmp_path / "c.en", src)
+    write(tmp_path / "c.de", tgt)
+    with pytest.raises(ValueError, match=f"parallel files differ in length: .*c.en has {lines}"):
+        list(read_pairs(str(tmp_path / "c"), "en", "de", limit=2))
+
+
+def test_a_limit_keeps_the_first_pairs_of_files_that_pair_up(tmp_path):
+    write(tmp_path / "c.en", b"a\n\nb\nc\nd\n")
+    write(tmp_path / "c.de", b"x\ny\nz\nw\nv\n")
+    assert [pair for chunk in read_pairs(str(tmp_path / "c"), "en", "de", limit=2) for pair in chunk] == [
+        ("a", "x"), ("b", "z")]  # the empty pair dropped, not counted
+
+
+def test_a_limit_does_not_hide_a_damaged_gzip_end(tmp_path):
+    write(tmp_path / "c.en", b"a line\n" * 2000)
+    data = write(tmp_path / "c.de.gz", b"eine Zeile\n" * 2000).read_bytes()
+    (tmp_path / "c.de.gz").write_bytes(data[: len(data) - 8])  # cut short: the gzip trailer is gone
+    with pytest.raises(ValueError, match=r"c\.de\.gz: truncated or corrupt gzip file"):
+        list(read_pairs(str(tmp_path / "c"), "en", "de", limit=2))
 
 
 def test_load_parallel_empty_file_is_an_error(tmp_path):
