@@ -80,7 +80,7 @@ def test_read_pairs_streams_gzip_drops_empty_sides_and_stops_at_the_limit(tmp_pa
 def test_read_pairs_reports_sides_of_different_lengths(tmp_path):
     (tmp_path / "c.en").write_text("a\nb\nc\n", encoding="utf-8")
     (tmp_path / "c.de").write_text("x\ny\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"c\.de has 2 lines, .*c\.en has 3 lines"):
+    with pytest.raises(ValueError, match=r"c\.en has 3 lines, .*c\.de has 2 lines"):
         list(read_pairs(str(tmp_path / "c"), "en", "de"))
 
 
