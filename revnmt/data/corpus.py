@@ -147,6 +147,7 @@ def read_pairs(prefix: str, src_lang: str, tgt_lang: str, limit: int | None = No
         if src_raw is None or tgt_raw is None:
             if read == 0:
                 raise ValueError(f"corpus file is empty: {src_path if src_raw is None else tgt_path}")
+            # One file ended before the other, so the counts differ and this raises: the loop never goes on with None.
             _same_length(src_path, read + (src_raw is not None) + sum(1 for _ in src_file),
                          tgt_path, read + (tgt_raw is not None) + sum(1 for _ in tgt_file))
         read += 1
