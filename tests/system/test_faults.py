@@ -241,6 +241,17 @@ def test_a_truncated_gzip_corpus_is_one_line(corpus, tmp_path):
     _one_line_error(done, "train.en.gz: truncated or corrupt gzip file")
 
 
+def test_files_that_part_past_the_train_limit_are_one_line(corpus, tmp_path):
+    # --train-limit reads only the first pairs' text, but counts both files to their end: a line missing far past
+    # the limit is refused before any training, as it is without a limit.
+    shutil.copy(f"{corpus['train']}.en", tmp_path / "train.en")
+    lines = Path(f"{corpus['train']}.de").read_text().splitlines(keepends=True)
+    (tmp_path / "train.de").write_text("".join(lines[:-1]))
+    done = _train(corpus, tmp_path / "run", "--train", str(tmp_path / "train"), "--train-limit", "5")
+    _one_line_error(done, f"train.en has {len(lines)} lines, {tmp_path / 'train.de'} has {len(lines) - 1} lines")
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
 @pytest.mark.parametrize("where", ["/proc/x", "train.en/x"])
 def test_an_unwritable_save_dir_is_one_line(corpus, where):
     save_dir = where if where.startswith("/") else str(Path(corpus["train"]).parent / where)
