@@ -20,6 +20,10 @@ HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_calls
+
+    interpreter_calls.install()
 
 # Under pytest-xdist each worker gets its share of the cores, it and the revnmt processes it starts (they inherit
 # OMP_NUM_THREADS): N workers each running torch on every core oversubscribe the CPU, and OpenMP's threads then wait
