@@ -194,9 +194,10 @@ def probe_step(model: Seq2Seq, batch: Batch, meter: PeakMeter) -> Measured:
     """The eager training step's :class:`Measured`: its peak, keeping nothing.
 
     On oneDNN (:func:`revnmt.rnn.products.uses_onednn`) the step is measured the second time it runs on its shape.
-    The first run of each row count makes oneDNN's kernels for it, a few MiB that its cache keeps for good: that is
-    held memory, which the plan counts where it measures what is held (:func:`held_bytes`), not the cost of every
-    step. Counted as a step's cost, it swamps the small probes and shrinks the plan many times over."""
+    The first run of each row count makes oneDNN's kernels for it, which its caches keep (up to
+    :data:`revnmt.rnn.products.ONEDNN_CACHE_ENTRIES` of them): that is held memory, which the plan counts where it
+    measures what is held (:func:`held_bytes`), not the cost of every step. Counted as a step's cost, it swamps
+    the small probes and shrinks the plan many times over."""
     if uses_onednn(meter.device):
         probe_step_bytes(model, batch, meter)
     return Measured(probe_step_bytes(model, batch, meter))
@@ -379,11 +380,12 @@ class BudgetGuard:
 
     Two things can outgrow the plan: a step's peak, when a batch costs more than the fitted cost
     said, and what the process keeps between steps, which grows over the first steps (the math
-    libraries' work buffers, the heap's fragments) beyond what the planning probes left (and, with CUDA
+    libraries' work buffers and kernels of new shapes) beyond what the planning probes left (and, with CUDA
     graphs, the kept shapes' share). What is kept is the meter's :meth:`~revnmt.memory.peak.PeakMeter.live`
-    bytes: on CUDA the allocator's cache of free blocks is the next step's to reuse, not a loss of room. Either
-    shrinks the plan: batches larger than ``plan.step_tokens`` then train in parts whose gradients
-    add up to the whole batch's, so the updates stay the same (``revnmt.training.trainer``). A step
+    bytes: on CUDA the allocator's cache of free blocks is the next step's to reuse, not a loss of room, and on
+    CPU the heap's free pages are given back before they are counted. Either shrinks the plan where the predicted
+    step no longer fits beside what is held: batches larger than ``plan.step_tokens`` then train in parts whose
+    gradients add up to the whole batch's, so the updates stay the same (``revnmt.training.trainer``). A step
     over the budget is reported once, with the batch that did it; the peak then restarts, so that
     the log shows what the smaller parts take.
     """
@@ -411,8 +413,13 @@ class BudgetGuard:
             shrink = max(usable - plan.base_bytes, 0) / max(peak - plan.base_bytes, 1) * min(tokens, limit) / limit
         allowed = plan.held_bytes()  # the base, and the kept graphs' share of every step's room
         if held > allowed:
-            shrink = min(shrink, max(usable - held, 0) / max(usable - allowed, 1))
+            # The steps have that much less room. Shrink the batches only as far as the plan's predicted step no
+            # longer fits beside what is held now: a plan the data capped (every pair fits in one batch) has room to
+            # spare, and a plan the budget capped has none.
+            step = max(plan.predicted_peak_bytes - allowed, 1) * limit / plan.batch_tokens
+            shrink = min(shrink, max(usable - held, 0) / step)
             plan.base_bytes += held - allowed
+            plan.predicted_peak_bytes += held - allowed
         if shrink >= 0.98:
             return True
         plan.step_tokens = max(1, int(limit * shrink))

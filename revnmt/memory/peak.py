@@ -57,6 +57,11 @@ def release_free_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing)."""
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
@@ -94,9 +99,12 @@ class PeakMeter:
     def live(self) -> int:
         """Bytes in use now, which the next step cannot have: on CUDA the allocator's allocated bytes (the free
         blocks it caches beside them are the next step's to reuse, so what :meth:`current` holds above this is no
-        loss of room), on CPU the resident memory (freed memory goes back to the system)."""
+        loss of room), on CPU the resident memory once the C heap has given back its free pages (chunks below the
+        mmap threshold stay in the heap when freed, a step's worth of them, until it is trimmed; a millisecond or
+        two)."""
         if self.device.type == "cuda":
             return torch.cuda.memory_allocated(self.device)
+        _trim_heap()
         return self.current()
 
     def peak(self) -> int:

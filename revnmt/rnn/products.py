@@ -20,8 +20,21 @@ a transposed one is as fast.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+#: Kernels each of oneDNN's two caches keeps (its primitive cache and torch's ideep cache; 1,024 by default). Each
+#: product of a new row count compiles a kernel that both keep, so with the default sizes a process held more after
+#: every new batch shape it met, and a memory budget's batches shrank as it did. A training step's products need
+#: far fewer than this many kernels, so they stay cached from one step to the next; beyond this, the least recently
+#: used go (figures: benchmarks/onednn_caches.py). The libraries read the sizes at their first product: set here, as
+#: the module that picks oneDNN is imported; a size the user set wins.
+ONEDNN_CACHE_ENTRIES = 64
+ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # the variables that size them
+for _cache in ONEDNN_CACHES:
+    os.environ.setdefault(_cache, str(ONEDNN_CACHE_ENTRIES))
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 

@@ -222,7 +222,24 @@ def test_on_cuda_the_blocks_the_allocator_caches_after_a_step_are_not_held(monke
     # what is really held (allocated) grows past the plan's base: the steps get that much less room
     cuda.allocated = 400 * MiB
     assert not guard.check(100, 30, 3000)
-    assert plan.base_bytes == 400 * MiB and plan.step_tokens == int(4000 * 500 / 600)
+    # the planned step (880 - 300 MiB) fits beside 400 MiB held in 500 of the 900 usable: 500 / 580 of the batch
+    assert plan.base_bytes == 400 * MiB and plan.step_tokens == int(4000 * 500 / 580)
+    assert plan.predicted_peak_bytes == 980 * MiB
+
+
+def test_a_plan_the_data_capped_keeps_its_batches_while_what_is_held_grows_into_its_spare_room(monkeypatch):
+    # Every pair fits in one batch of the plan, whose step is predicted to peak at 500 MiB of the 900 usable:
+    # 100 MiB more held between steps still leaves the step its room, and the batches stay whole.
+    cuda = _FakeCuda(monkeypatch, reserved=500 * MiB, allocated=300 * MiB, peak=500 * MiB)
+    plan = _cuda_plan(predicted_peak_bytes=500 * MiB)
+    guard = BudgetGuard(plan, torch.device("cuda"))
+    cuda.allocated = 400 * MiB
+    assert guard.check(100, 30, 3000) and plan.step_tokens is None
+    assert (plan.base_bytes, plan.predicted_peak_bytes) == (400 * MiB, 600 * MiB)
+    cuda.allocated = 700 * MiB  # the 200 MiB step fits exactly beside what is held
+    assert guard.check(100, 30, 3000) and plan.step_tokens is None
+    cuda.allocated = 800 * MiB  # 100 MiB of room for a 200 MiB step: half the batch
+    assert not guard.check(100, 30, 3000) and plan.step_tokens == 2000
 
 
 def test_the_kept_shapes_graphs_are_part_of_what_the_plan_lets_training_hold(monkeypatch):

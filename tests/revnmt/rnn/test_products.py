@@ -1,10 +1,17 @@
 """The sweeps' products: oneDNN's linear on CPU, checked against torch's and for what exact reversal needs of it."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
 from revnmt.rnn import products
 
+MiB = 2 ** 20
 onednn = pytest.mark.skipif(not products.uses_onednn(torch.device("cpu")), reason="this torch has no oneDNN")
 
 
@@ -72,3 +79,60 @@ def test_torchs_onednn_switch_turns_it_off():
     with torch.backends.mkldnn.flags(enabled=False):
         assert not products.uses_onednn(x.device)
         assert torch.equal(products.linear(x, weight), torch.nn.functional.linear(x, weight))
+
+
+def _in_a_fresh_process(code: str, **env: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter (oneDNN reads its cache sizes at its first product)."""
+    environ = {k: v for k, v in os.environ.items() if k not in products.ONEDNN_CACHES} | env
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_onednns_caches_are_bounded_unless_the_user_sized_them():
+    printed = "import os, revnmt.rnn.products; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], " \
+              "os.environ['LRU_CACHE_CAPACITY'])"
+    assert _in_a_fresh_process(printed).split() == [str(products.ONEDNN_CACHE_ENTRIES)] * 2
+    assert _in_a_fresh_process(printed, LRU_CACHE_CAPACITY="7").split() == [str(products.ONEDNN_CACHE_ENTRIES), "7"]
+
+
+# Products of 120 new row counts, then 120 more: the resident memory the second 120 add once the heap is trimmed.
+_GROWTH = """
+    import ctypes, ctypes.util, torch
+    from revnmt.rnn import products
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    weight = torch.randn(300, 150)
+    def held(first):
+        for rows in range(first, first + 120):
+            products.linear(torch.randn(rows, 150), weight)
+        libc.malloc_trim(0)
+        return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1]) * 1024
+    print(-held(1) + held(121))
+"""
+
+
+@onednn
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the RSS from Linux's /proc")
+def test_what_the_products_hold_stops_growing_with_the_row_counts_they_meet():
+    bounded = int(_in_a_fresh_process(_GROWTH))
+    libraries_default = int(_in_a_fresh_process(_GROWTH, ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024",
+                                                LRU_CACHE_CAPACITY="1024"))
+    assert bounded < 2 * MiB < 8 * MiB < libraries_default  # every new kernel kept, against none past the bound
+
+
+@onednn
+def test_a_product_compiled_again_after_its_kernel_left_the_cache_gives_the_same_bits():
+    # A sweep's reverse may meet a row count whose kernel the cache dropped since the forward: compiled again, the
+    # product must still give the forward's bits, or the reverse would rebuild other gates.
+    code = """
+        import torch
+        from revnmt.rnn import products
+        torch.manual_seed(0)
+        x, weight = torch.randn(37, 150), torch.randn(750, 150)
+        first = products.linear(x, weight)
+        for rows in range(1, 30):  # other row counts: with one entry a cache keeps only the last kernel
+            products.linear(torch.randn(rows, 150), weight)
+        print(torch.equal(products.linear(x, weight), first))
+    """
+    assert _in_a_fresh_process(code, ONEDNN_PRIMITIVE_CACHE_CAPACITY="1", LRU_CACHE_CAPACITY="1").strip() == "True"
