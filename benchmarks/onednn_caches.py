@@ -12,7 +12,8 @@ first product:
 - the *held* run: the model (revnmt-train's defaults, with ``--rnn`` and ``--hidden-size``) trains with Adam on
   ``--steps`` synthetic batches of about ``--tokens`` padded tokens, each of a length drawn from 8 to 30, so nearly
   every step meets a new shape, as a sampler's batches do. After every step it reads the RSS as it is (VmRSS) and
-  after ``malloc_trim`` (what the heap can give back); the step time is its forward, backward and update;
+  after ``revnmt.memory.peak.release_free_memory`` (what the heap can give back); the step time is its forward,
+  backward and update;
 - the *cached* run: steps on shapes A, B, then A again, with ``ONEDNN_VERBOSE=all``; the kernels the third step
   compiles (``create:cache_miss``) say whether a step's products stay cached at that size (0) or are compiled
   again at every step.
@@ -24,8 +25,6 @@ of the steps, the median step time, and the third step's compiled kernels.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import os
 import random
@@ -40,18 +39,12 @@ from revnmt.rnn.products import ONEDNN_CACHES
 MiB = 2 ** 20
 
 
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise OSError("no VmRSS in /proc/self/status")
-
-
 def _child(args: argparse.Namespace) -> None:
     """One setting's run in this process: the steps, then one JSON line of what was measured."""
     import torch
 
     from revnmt.memory.budget import synthetic_batch
+    from revnmt.memory.peak import PeakMeter, release_free_memory
     from revnmt.model import build_model
     from revnmt.model.config import ModelConfig
 
@@ -60,12 +53,13 @@ def _child(args: argparse.Namespace) -> None:
     model = build_model(ModelConfig(rnn=args.rnn, emb_dim=args.hidden_size, hidden_size=args.hidden_size,
                                     slice_dim=min(20, args.hidden_size // 2), src_vocab=vocab, tgt_vocab=vocab))
     optimizer = torch.optim.Adam(model.parameters())
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    cpu = torch.device("cpu")
+    meter = PeakMeter(cpu)
     rng = random.Random(0)
     lengths = [rng.randint(8, 30) for _ in range(args.steps)] if args.child == "held" else [12, 25, 12]
     raw, trimmed, seconds = [], [], []
     for step, length in enumerate(lengths):
-        batch = synthetic_batch(max(1, args.tokens // length), length, vocab, vocab, torch.device("cpu"), seed=step)
+        batch = synthetic_batch(max(1, args.tokens // length), length, vocab, vocab, cpu, seed=step)
         print(f"=== step {step}", flush=True)  # the cached run's ONEDNN_VERBOSE lines are counted per step
         start = time.perf_counter()
         model.train_step(batch.src, batch.src_len, batch.tgt_in, batch.tgt_out, normalizer=float(batch.n_tokens))
@@ -73,9 +67,9 @@ def _child(args: argparse.Namespace) -> None:
         model.zero_grad(set_to_none=True)
         seconds.append(time.perf_counter() - start)
         del batch
-        raw.append(_rss())
-        libc.malloc_trim(0)
-        trimmed.append(_rss())
+        raw.append(meter.current())
+        release_free_memory(cpu)  # garbage collected and the heap trimmed, after the step's timing
+        trimmed.append(meter.current())
     print("RESULT " + json.dumps({"lengths": lengths, "rss": raw, "rss_trimmed": trimmed, "seconds": seconds}),
           flush=True)
 

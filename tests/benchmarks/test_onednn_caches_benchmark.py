@@ -13,6 +13,7 @@ from revnmt.rnn.products import uses_onednn
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not uses_onednn(torch.device("cpu")), reason="this torch has no oneDNN")
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the RSS from Linux's /proc")
 def test_each_cache_size_is_measured_in_processes_of_its_own(tmp_path):
