@@ -108,7 +108,9 @@ def test_a_probe_measures_the_step_as_it_runs_again_not_the_kernels_its_first_ru
     # sliver of what fits (95 tokens a batch under 700 MiB for a 64-unit RevGRU that fits 59,652).
     first, again, probed, rerun = _in_a_fresh_process(_first_again_probed_rerun)
     assert first > again + MiB  # the first step of a shape makes what oneDNN keeps
-    assert probed == pytest.approx(rerun, abs=MiB / 4)  # as the step runs again
+    # as the step runs again: two runs of one step differ by the RSS's page-level noise (up to 0.3 MiB seen), well
+    # below what a first run adds
+    assert probed == pytest.approx(rerun, abs=MiB / 2)
 
 
 def test_the_worst_batches_the_sampler_can_form_stay_within_the_budget():
