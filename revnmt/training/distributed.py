@@ -135,8 +135,8 @@ def _wait_for_threads_to_end(threads: set[str]) -> None:
     destroy_process_group returns while gloo's worker threads are still dropping their last collectives, whose
     tensors Python made (all_gather_object's, for one): dropping them takes the GIL, and a thread that tries once
     the interpreter has begun to exit is killed inside a C++ destructor, which aborts the rank (SIGABRT,
-    "terminate called without an active exception") after a run that trained and saved everything: about 1 in 25
-    two-rank runs on a loaded 2-core machine. Waiting here closes that window."""
+    "terminate called without an active exception") after a run that trained and saved everything. Waiting here
+    closes that window."""
     deadline = time.monotonic() + GROUP_THREADS_END_S
     while threads & _threads() and time.monotonic() < deadline:
         time.sleep(0.005)
