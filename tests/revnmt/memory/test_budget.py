@@ -107,10 +107,11 @@ def test_a_probe_measures_the_step_as_it_runs_again_not_the_kernels_its_first_ru
     # measured, each probe of a new shape would count them as its own cost, and a tight budget's plan shrank to a
     # sliver of what fits (95 tokens a batch under 700 MiB for a 64-unit RevGRU that fits 59,652).
     first, again, probed, rerun = _in_a_fresh_process(_first_again_probed_rerun)
-    assert first > again + MiB  # the first step of a shape makes what oneDNN keeps
-    # as the step runs again: two runs of one step differ by the RSS's page-level noise (up to 0.3 MiB seen), well
-    # below what a first run adds
-    assert probed == pytest.approx(rerun, abs=MiB / 2)
+    kept = first - again  # what the first step of a shape makes and oneDNN keeps
+    assert kept > MiB
+    # as the step runs again: two runs of one step differ by the RSS's page-level noise (up to 1 MiB seen, on a
+    # 15 MiB step), a small share of what a first run adds (about 10 MiB)
+    assert abs(probed - rerun) < kept / 3
 
 
 def test_the_worst_batches_the_sampler_can_form_stay_within_the_budget():
