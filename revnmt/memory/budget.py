@@ -44,7 +44,7 @@ from revnmt.model import Seq2Seq
 from revnmt.model.seq2seq import LOSS_CHUNK_STEPS
 from revnmt.rnn.products import uses_onednn
 
-from .peak import PeakMeter, release_free_memory, track_freed_memory
+from .peak import PeakMeter, measuring_many, release_free_memory, track_freed_memory
 from .sizes import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -274,6 +274,7 @@ def fit_costs(model: Seq2Seq, short: int, long: int, meter: PeakMeter, probe: Pr
     return CostModel.fitted(points, measure_steps(model, points, meter, probe), shapes)
 
 
+@measuring_many()
 def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray, device: torch.device,
                 eval_batch_size: int = 64, beam: int = 5, mapped_bytes: int = 0, probe: Probe = probe_step,
                 shapes: int = 1, held_for_good: int = 0) -> BudgetPlan:
@@ -451,6 +452,7 @@ def accumulation_for(target_tokens: int, fitted_tokens: int) -> Accumulation:
     return Accumulation(update_freq, -(-target_tokens // update_freq))
 
 
+@measuring_many()
 def measure_planned_step(model: Seq2Seq, plan: BudgetPlan, device: torch.device) -> int:
     """The measured peak (what the budget bounds) of one training step on the plan's costliest batch."""
     sentences, length = plan.worst_batch
