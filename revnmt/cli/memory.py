@@ -139,8 +139,10 @@ def budget_report(model: Seq2Seq, args: argparse.Namespace, data: TrainingData, 
         weights = None
         if name == "reversible":  # as this command runs it, trained gates included; the twins' weights are their own
             configs, weights = (model.cfg, model.execution), model.state_dict()
-        # spawn: a fresh interpreter, not a fork of this process's heap
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        logger.info("planning %s under %s", LABELS[name], format_bytes(args.memory_budget))
+        # spawn: a fresh interpreter, not a fork of this process's heap; its probes log as this command's lines do
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_log_to_stderr,
+                                 initargs=(f"{PROG}: {LABELS[name]}: %(message)s",)) as pool:
             plan, peak = pool.submit(_plan_alone, configs, weights, args.memory_budget, args.optimizer,
                                      data.train.lengths, args.device, mapped, args.seed).result()
         report["batch_tokens"][name] = plan.batch_tokens
@@ -267,11 +269,16 @@ def _measured_corpora(checkpoint: Checkpoint, path: Path, args: argparse.Namespa
     return replace(run, train=train, valid=valid, test=None, prepared=prepared)
 
 
+def _log_to_stderr(line_format: str) -> None:
+    """This command's progress lines, on stderr (in the planning processes too: a plan takes minutes)."""
+    logging.basicConfig(level=logging.INFO, format=line_format, stream=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.memory_budget is not None:
         track_freed_memory()  # as revnmt-train --memory-budget runs
-    logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(message)s", stream=sys.stderr)
+    _log_to_stderr(f"{PROG}: %(message)s")
     return exit_on_signals(PROG, lambda: _measure(args))
 
 

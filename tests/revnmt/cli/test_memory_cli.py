@@ -8,6 +8,7 @@ import pytest
 
 from revnmt.cli.memory import main, parse_args
 from revnmt.memory.peak import PeakMeter
+from revnmt.memory.report import LABELS
 
 TINY = ["--emb-dim", "16", "--hidden-size", "16", "--slice-dim", "4", "--min-freq", "1", "--device", "cpu"]
 
@@ -76,7 +77,7 @@ def test_plot_without_matplotlib_stops_before_measuring_with_how_to_install_it(t
 
 
 @pytest.mark.slow
-def test_accumulation_under_a_budget_is_timed_for_each_model_and_the_report_is_drawn(toy, tmp_path, capsys):
+def test_accumulation_under_a_budget_is_timed_for_each_model_and_the_report_is_drawn(toy, tmp_path, capfd):
     image = pytest.importorskip("matplotlib.image")
     # The budget bounds this (pytest) process's peak RSS: give it room above what it holds already.
     budget = (PeakMeter("cpu").current() + 768 * 2 ** 20) // 2 ** 20
@@ -97,7 +98,10 @@ def test_accumulation_under_a_budget_is_timed_for_each_model_and_the_report_is_d
         assert 0 < row["target_tokens_per_update"] <= row["padded_tokens_per_update"]
         assert len(row["seconds"]) == 1 and row["seconds_per_update"] == row["seconds"][0] > 0
         assert row["tokens_per_s"] == pytest.approx(target / row["seconds_per_update"])
-    assert "updates of N = 3,000 padded tokens by gradient accumulation" in capsys.readouterr().out
+    out, err = capfd.readouterr()  # capfd: the planning processes' lines too
+    assert "updates of N = 3,000 padded tokens by gradient accumulation" in out
+    for label in LABELS.values():  # each plan, in a process of its own, shows its probes as they are measured
+        assert f"{label}: memory budget: a step on 2 pairs" in err
     data = picture.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
     assert image.imread(picture).shape[:2] == (460, 1200)  # two panels, 12 x 4.6 inches at 100 dpi
