@@ -305,17 +305,18 @@ def plan_budget(model: Seq2Seq, budget: int, optimizer: str, lengths: np.ndarray
     room = usable - base
     # The probes are small batches and the plan's are large, whose cost per sentence and per token
     # the small ones only estimate: measure batches of a share of the planned size (a full-size step
-    # can take a minute) at the shortest, a middle and the longest length, refit on those, and again
-    # if the corrected plan moved. What the guard sees while training corrects the rest.
+    # can take a minute) at the shortest and the longest length and at the length of the plan's costliest
+    # batch, refit on those, and again if the corrected plan moved. What the guard sees while training
+    # corrects the rest.
     points, measured = [], []
     tokens = 0
     for _ in range(CALIBRATIONS):
-        planned, _ = _largest_batch(cost, room, lengths, present, min_length, budget, base)
+        planned, (_, costliest) = _largest_batch(cost, room, lengths, present, min_length, budget, base)
         if abs(planned - tokens) <= 0.1 * planned:
             break
         tokens = planned
         new = sorted({(min(max(int(tokens * CALIBRATION_SHARE) // int(n), 1), int((lengths <= n).sum())), int(n))
-                      for n in (present[0], present[len(present) // 2], present[-1]) if cost.worst([(1, n)]) <= room})
+                      for n in (present[0], costliest, present[-1]) if cost.worst([(1, n)]) <= room})
         points += new
         measured += measure_steps(model, new, meter, probe)
         cost = CostModel.fitted(points, measured, shapes)

@@ -7,6 +7,7 @@ import torch
 
 from revnmt.data import BatchSampler
 from revnmt.memory.budget import (
+    CALIBRATION_SHARE,
     BudgetError,
     BudgetGuard,
     BudgetPlan,
@@ -339,3 +340,22 @@ def test_accumulation_needs_positive_token_counts():
         accumulation_for(0, 100)
     with pytest.raises(ValueError, match="positive"):
         accumulation_for(100, 0)
+
+
+def test_the_calibration_measures_steps_at_the_length_of_the_plans_costliest_batch():
+    # The small probes only estimate a large batch's cost; the steps at a share of the planned size correct it
+    # where the plan is decided. A step cost known exactly (no RSS noise) makes the plan's costliest length certain:
+    # with per-sentence costs, many short pairs, not the shortest or longest length, cost the most.
+    cost, probed = StepCost(2 * MiB, 40_000, 3_000), []
+
+    def known_cost(model, batch, meter):
+        probed.append((len(batch.src_len), batch.src.shape[1]))
+        return Measured(int(cost(*probed[-1])))
+
+    lengths = np.repeat(np.arange(4, 31), np.arange(4, 31) ** 2)  # more pairs the longer: batches of short pairs
+    model = _model()
+    plan = plan_budget(model, _budget_above_base(model, 48 * MiB), "adam", lengths, CPU, probe=known_cost)
+    sentences, length = plan.worst_batch
+    assert length not in (4, 30)
+    calibration = [(b, n) for b, n in probed[4:] if n == length]  # after the four small probes of the first fit
+    assert calibration and all(b * n >= plan.batch_tokens * CALIBRATION_SHARE - n for b, n in calibration)
